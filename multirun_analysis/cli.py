@@ -1,0 +1,73 @@
+"""Command line: python -m multirun_analysis SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--target-acc 0.9]."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_BAD_ARGUMENT = 2  # argparse's own code for usage errors
+EXIT_NO_RUNS = 1
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command's arguments."""
+    parser = argparse.ArgumentParser(
+        prog="python -m multirun_analysis",
+        description=(
+            "Turn one or more sweep directories into scaling tables, accuracy tables, plots "
+            "and a report. A run is any directory below SWEEP_DIR (any depth) holding "
+            "results.csv or run.json; directory names are never parsed."
+        ),
+        epilog=(
+            "Writes runs.csv, scaling.csv, accuracy.csv (and .md twins), PNG plots, report.md "
+            "and a self-contained report.html. Exit status: 0 report written, 1 no runs found, "
+            "2 bad arguments (e.g. a directory that does not exist)."
+        ),
+    )
+    parser.add_argument("sweep_dirs", nargs="+", type=Path, metavar="SWEEP_DIR",
+                        help="a Hydra multirun directory, or any folder holding runs")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory (default: FIRST_SWEEP_DIR/analysis)")
+    parser.add_argument("--target-acc", type=float, default=0.9, metavar="FRACTION",
+                        help="validation accuracy to measure time-to-target against, in (0, 1] (default: 0.9)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    """Run the analysis; return the exit status."""
+    args = parse_args(argv)
+    problem = _check(args)
+    if problem:
+        print(f"multirun_analysis: error: {problem}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENT
+    # Imported here so that argument errors answer at once, before pandas and matplotlib load.
+    from .collect import find_run_dirs
+    from .report import write_report
+    from .sweep import analyse
+
+    for sweep in args.sweep_dirs:
+        if not find_run_dirs(sweep):
+            print(f"multirun_analysis: error: no runs found under {sweep} "
+                  "(a run is a directory holding results.csv or run.json)", file=sys.stderr)
+            return EXIT_NO_RUNS
+    analysis = analyse(args.sweep_dirs, target_acc=args.target_acc)
+    report = write_report(analysis, args.out or args.sweep_dirs[0] / "analysis")
+    runs = analysis.runs
+    print(f"{len(runs)} runs found, {int(runs.included.sum())} analysed, "
+          f"{int((~runs.included).sum())} listed under Problems")
+    print(f"report: {report}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> str | None:
+    """The first argument error, worded with the value and the fix."""
+    for sweep in args.sweep_dirs:
+        if not sweep.exists():
+            return f"sweep directory {sweep} does not exist"
+        if not sweep.is_dir():
+            return f"{sweep} is not a directory; pass the sweep directory that holds the runs"
+    if not 0 < args.target_acc <= 1:
+        return (f"--target-acc={args.target_acc:g} is not a fraction in (0, 1]; "
+                f"accuracies are fractions, e.g. --target-acc 0.9")
+    return None

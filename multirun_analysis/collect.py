@@ -1,0 +1,323 @@
+"""Find run directories below sweep directories and read them into two tidy tables.
+
+A run directory is any directory holding `results.csv` or `run.json`. Files are read
+with the csv and json modules and turned into one DataFrame per distinct header, which
+is much faster than one `pd.read_csv` per run on a sweep of thousands of runs. Nothing
+here judges a run; it records what the files say and every problem found reading them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .schema import (
+    EXTRA_NUMERIC, METRICS, MISSING_VALUES, NON_EMPTY, NUMERIC_SETTINGS, REQUIRED,
+    RESULTS_CSV, RUN_JSON, settings_in,
+)
+
+INTEGER_COLUMNS = (
+    "num_nodes", "num_gpus", "world_size", "batch_size", "global_batch_size",
+    "seed", "epochs", "epoch",
+)
+_BOOLEANS = {"True": True, "False": False, "true": True, "false": False}
+META_COLUMNS = (
+    "run_id", "path", "status", "problem", "error", "has_results", "start_time",
+    "end_time", "hostname", "git_commit", "overrides",
+)
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What the files say: one row per (run, epoch) and one row per run directory."""
+
+    epochs: pd.DataFrame
+    runs: pd.DataFrame
+
+
+def find_run_dirs(sweep_dir: str | os.PathLike) -> list[str]:
+    """Every directory at any depth below `sweep_dir` that holds results.csv or run.json."""
+    found, stack, seen_links = [], [os.fspath(sweep_dir)], set()
+    while stack:
+        directory = stack.pop()
+        try:
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        names = {entry.name for entry in entries}
+        if RESULTS_CSV in names or RUN_JSON in names:
+            found.append(directory)
+        for entry in entries:
+            # Hidden folders (.hydra, .git) hold configs and history, never runs.
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            elif entry.is_symlink() and entry.is_dir():
+                target = os.path.realpath(entry.path)  # a link loop is walked only once
+                if target not in seen_links:
+                    seen_links.add(target)
+                    stack.append(entry.path)
+    return sorted(found)
+
+
+def collect(sweep_dirs) -> Collected:
+    """Read every run below `sweep_dirs` into an epochs table and a runs table."""
+    run_dirs = _unique(d for sweep in sweep_dirs for d in find_run_dirs(sweep))
+    metas, problems = [], defaultdict(list)
+    blocks = defaultdict(lambda: ([], []))  # header -> (run ids, rows)
+    for run_id, directory in enumerate(run_dirs):
+        meta, json_problems = _read_run_json(directory)
+        header, rows, csv_problems, has_results = _read_results(directory)
+        problems[run_id].extend(json_problems + csv_problems)
+        if rows:
+            ids, body = blocks[tuple(header)]
+            ids.extend([run_id] * len(rows))
+            body.extend(rows)
+        metas.append({"run_id": run_id, "path": directory, "has_results": has_results, **meta})
+    raw = _raw_epochs(blocks)
+    for run_id, message in _value_problems(raw).items():
+        problems[run_id].append(message)
+    epochs = _typed(raw).sort_values(["run_id", "epoch"], kind="stable", ignore_index=True)
+    for run_id, message in _consistency_problems(epochs).items():
+        problems[run_id].append(message)
+    runs = _runs_table(metas, epochs, problems)
+    return Collected(epochs=epochs, runs=runs)
+
+
+def _unique(dirs) -> list[str]:
+    """Drop directories reached twice (overlapping sweep arguments, links)."""
+    by_real = {}
+    for directory in dirs:
+        by_real.setdefault(os.path.realpath(directory), directory)
+    return sorted(by_real.values())
+
+
+def _read_run_json(directory: str) -> tuple[dict, list[str]]:
+    """run.json as a flat dict (status 'unknown' when absent or unreadable) plus problems."""
+    try:
+        with open(os.path.join(directory, RUN_JSON), encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return {"status": "unknown"}, []
+    except json.JSONDecodeError as exc:
+        return {"status": "unknown"}, [
+            f"run.json is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ]
+    except (OSError, UnicodeDecodeError) as exc:
+        return {"status": "unknown"}, [f"run.json cannot be read ({exc})"]
+    if not isinstance(doc, dict):
+        return {"status": "unknown"}, ["run.json is not a JSON object"]
+    status = doc.get("status")
+    problems = [] if isinstance(status, str) and status else ["run.json has no status"]
+    overrides = doc.get("overrides")
+    meta = {
+        "status": status if isinstance(status, str) and status else "unknown",
+        "error": _text(doc.get("error")),
+        "start_time": _text(doc.get("start_time")),
+        "end_time": _text(doc.get("end_time")),
+        "hostname": _text(doc.get("hostname")),
+        "git_commit": _text(doc.get("git_commit")),
+        "overrides": " ".join(map(str, overrides)) if isinstance(overrides, list) else None,
+        **_config_settings(doc),
+    }
+    return meta, problems
+
+
+def _config_settings(doc: dict) -> dict:
+    """Settings from run.json's resolved config, for runs without readable rows."""
+    config = doc.get("config")
+
+    def dig(*keys):
+        value = config
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    def number(value):
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    settings = {
+        "model": _text(dig("model", "name")),
+        "dataset": _text(dig("data", "name")),
+        "optimizer": _text(dig("optim", "name")),
+        "backend": _text(dig("distributed", "backend")),
+        "device": _text(dig("distributed", "device")),
+        "launcher": _text(doc.get("launcher")),
+        "lr": number(dig("optim", "lr")),
+        "batch_size": number(dig("data", "batch_size")),
+        "num_gpus": number(dig("distributed", "num_gpus")),
+        "num_nodes": number(dig("distributed", "num_nodes")),
+        "epochs": number(dig("train", "epochs")),
+        "seed": number(dig("train", "seed")),
+    }
+    world_size = number(doc.get("world_size"))
+    if world_size is None and settings["num_gpus"] is not None:
+        world_size = settings["num_gpus"] * (settings["num_nodes"] or 1)
+    settings["world_size"] = world_size
+    if world_size is not None and settings["batch_size"] is not None:
+        settings["global_batch_size"] = settings["batch_size"] * world_size
+    return settings
+
+
+def _text(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _read_results(directory: str) -> tuple[list[str] | None, list[list[str]], list[str], bool]:
+    """results.csv as (header, complete rows, problems, file exists)."""
+    try:
+        with open(os.path.join(directory, RESULTS_CSV), encoding="utf-8", newline="") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None, [], [], False
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [], [f"results.csv cannot be read ({exc})"], True
+    if not text.strip():
+        return None, [], ["results.csv is empty (no header)"], True
+    try:
+        reader = csv.reader(io.StringIO(text))
+        header = [name.strip() for name in next(reader)]
+        lines = [(reader.line_num, row) for row in reader if row]
+    except csv.Error as exc:
+        return None, [], [f"results.csv is not valid CSV ({exc})"], True
+    missing = [name for name in REQUIRED if name not in header]
+    if missing:
+        return header, [], [f"results.csv lacks required column(s): {', '.join(missing)}"], True
+    if len(set(header)) != len(header):
+        return header, [], ["results.csv has duplicate column names"], True
+    problems = []
+    # Rows end with a newline as they are flushed; a missing one means the writer died
+    # mid-line, so the last row is partial even when its field count looks right.
+    if lines and not text.endswith(("\n", "\r")):
+        line_num, row = lines.pop()
+        problems.append(
+            f"results.csv is truncated: line {line_num} is incomplete "
+            f"({len(row)} of {len(header)} fields); it was skipped"
+        )
+    ragged = [(n, row) for n, row in lines if len(row) != len(header)]
+    if ragged:
+        line_num, row = ragged[0]
+        more = f" (and {len(ragged) - 1} more)" if len(ragged) > 1 else ""
+        problems.append(
+            f"results.csv line {line_num} has {len(row)} fields, the header has "
+            f"{len(header)}{more}; such lines were skipped"
+        )
+    return header, [row for _, row in lines if len(row) == len(header)], problems, True
+
+
+def _raw_epochs(blocks: dict) -> pd.DataFrame:
+    """All rows as strings, one frame per distinct header, stacked."""
+    frames = [
+        pd.DataFrame(rows, columns=list(header), dtype=str).assign(run_id=ids)
+        for header, (ids, rows) in blocks.items()
+    ]
+    if not frames:
+        return pd.DataFrame({name: pd.Series(dtype=str) for name in ("run_id", *REQUIRED)})
+    return pd.concat(frames, ignore_index=True)
+
+
+def _value_problems(raw: pd.DataFrame) -> dict[int, str]:
+    """The first non-numeric or missing required value of each run, as a message."""
+    flagged = []
+    for column in (*NUMERIC_SETTINGS, *METRICS):
+        text = raw[column].fillna("").str.strip()
+        missing = text.isin(MISSING_VALUES)
+        bad = pd.to_numeric(text, errors="coerce").isna() & ~missing
+        flagged.append(raw.loc[bad, ["run_id"]].assign(
+            message="non-numeric value '" + text[bad] + f"' in column {column}"))
+        if column in NON_EMPTY:
+            flagged.append(raw.loc[missing, ["run_id"]].assign(message=f"empty value in column {column}"))
+    cells = pd.concat(flagged, ignore_index=True)
+    if cells.empty:
+        return {}
+    return (
+        cells.groupby("run_id")
+        .agg(message=("message", "first"), n=("message", "size"))
+        .pipe(lambda d: d.message.where(d.n == 1, d.message + " (and " + (d.n - 1).astype(str) + " more)"))
+        .pipe(lambda messages: "results.csv: " + messages)
+        .to_dict()
+    )
+
+
+def _typed(raw: pd.DataFrame) -> pd.DataFrame:
+    """Required numbers as numbers (integers as nullable Int64), extras by content."""
+    converted = {"run_id": raw["run_id"].astype("int64")}
+    for column in raw.columns.drop("run_id"):
+        if column in NUMERIC_SETTINGS or column in METRICS or column in EXTRA_NUMERIC:
+            converted[column] = _as_int(column, pd.to_numeric(raw[column], errors="coerce"))
+        elif column not in REQUIRED:
+            converted[column] = _infer(raw[column])
+    return raw.assign(**converted)
+
+
+def _as_int(column: str, values: pd.Series) -> pd.Series:
+    """Integer columns become Int64 when every value is whole (they print as 4, not 4.0)."""
+    if column in INTEGER_COLUMNS and (values.dropna() % 1 == 0).all():
+        return values.astype("Int64")
+    return values
+
+
+def _infer(values: pd.Series) -> pd.Series:
+    """An extra column as numbers or booleans when every present value is one, else text."""
+    present = values.dropna().str.strip()
+    present = present[~present.isin(MISSING_VALUES)]
+    if present.isin(_BOOLEANS).all() and not present.empty:
+        return values.str.strip().map(_BOOLEANS).astype("boolean")
+    numbers = pd.to_numeric(values.where(~values.fillna("").str.strip().isin(MISSING_VALUES)), errors="coerce")
+    if numbers.notna().sum() == len(present):
+        return numbers
+    return values
+
+
+def _consistency_problems(epochs: pd.DataFrame) -> dict[int, str]:
+    """Runs whose rows disagree on a setting, or that repeat an epoch."""
+    settings = settings_in(epochs.columns)
+    changing = (
+        epochs.groupby("run_id")[settings].nunique()
+        .gt(1)
+        .pipe(lambda d: d[d.any(axis=1)])
+        .apply(lambda row: ", ".join(row.index[row]), axis=1)
+    )
+    repeated = epochs.loc[epochs.duplicated(["run_id", "epoch"]), ["run_id", "epoch"]].drop_duplicates("run_id")
+    messages = {
+        run_id: f"results.csv rows disagree on {names} (two runs in one file?)"
+        for run_id, names in changing.items()
+    }
+    for run_id, epoch in repeated.itertuples(index=False):
+        messages[run_id] = "; ".join(
+            filter(None, [messages.get(run_id), f"results.csv repeats epoch {epoch}"])
+        )
+    return messages
+
+
+def _runs_table(metas: list[dict], epochs: pd.DataFrame, problems: dict) -> pd.DataFrame:
+    """One row per run: metadata, problems, and settings (results.csv first, then run.json)."""
+    meta = pd.DataFrame(metas).set_index("run_id")
+    from_config = meta.reindex(columns=settings_in(meta.columns))
+    from_rows = (
+        epochs.drop_duplicates("run_id").set_index("run_id")
+        .reindex(columns=settings_in(epochs.columns))
+    )
+    settings = (
+        from_rows.combine_first(from_config)  # union of runs and columns; rows win
+        .pipe(lambda d: d.assign(**{
+            c: _as_int(c, pd.to_numeric(d[c], errors="coerce"))
+            for c in d.columns if c in NUMERIC_SETTINGS
+        }))
+    )
+    problem = pd.Series({run_id: "; ".join(p) for run_id, p in problems.items() if p}, dtype=str)
+    return (
+        meta.reindex(columns=[c for c in META_COLUMNS if c not in ("run_id", "problem")])
+        .assign(problem=problem.reindex(meta.index).fillna(""))
+        .join(settings[settings_in(settings.columns)])
+        .reset_index()
+        .reindex(columns=[*META_COLUMNS, *settings_in(settings.columns)])
+    )

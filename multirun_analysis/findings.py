@@ -1,0 +1,145 @@
+"""The report's opening: the sweep's answers in a few sentences."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .schema import WORLD, config_keys
+from .sweep import Analysis
+from .tables import SCALING_KINDS, format_value
+
+_KIND_NAMES = {"weak": "Weak scaling (per-worker batch fixed)", "strong": "Strong scaling (global batch fixed)"}
+
+
+def key_findings(analysis: Analysis) -> list[str]:
+    """Sentences that answer: how many runs, fastest setup, how close to linear, does accuracy change."""
+    if not analysis.runs.included.any():
+        return [
+            _counts(analysis.runs),
+            "**No run could be analysed**, so there are no scaling or accuracy results; "
+            "[Problems](#problems) gives each run's reason.",
+        ]
+    return [
+        _counts(analysis.runs),
+        _best_throughput(analysis.configs),
+        *_scaling(analysis.scaling, analysis.configs),
+        *_accuracy(analysis.configs, analysis.target_acc),
+    ]
+
+
+def _counts(runs: pd.DataFrame) -> str:
+    """How many runs were found, analysed and left out, and why."""
+    statuses = runs.status.value_counts()
+    found = ", ".join(f"{n} {status}" for status, n in statuses.items())
+    left_out = runs[~runs.included]
+    text = f"**{_plural(len(runs), 'run')}** found ({found}); **{int(runs.included.sum())} analysed**."
+    if len(left_out):
+        why = (
+            left_out.status.where(left_out.status.isin(["failed", "running", "interrupted"]), "unreadable or incomplete")
+            .replace({"running": "still running"})
+            .value_counts()
+        )
+        reasons = ", ".join(f"{n} {reason}" for reason, n in why.items())
+        text += f" {len(left_out)} left out ({reasons}); see [Problems](#problems)."
+    unknown = runs.included & runs.status.eq("unknown")
+    if unknown.any():
+        text += (f" {_plural(int(unknown.sum()), 'run')} without run.json "
+                 "are analysed because their results.csv holds every epoch.")
+    return text
+
+
+def _best_throughput(configs: pd.DataFrame) -> str:
+    """The fastest configuration and its settings."""
+    best = configs.loc[configs.images_per_sec.idxmax()]
+    return (
+        f"**Best throughput: {best.images_per_sec:,.0f} images/sec** with {describe(best, configs)}"
+        f" (mean of {_plural(int(best.n_runs), 'run')})."
+    )
+
+
+def _scaling(scaling: pd.DataFrame, configs: pd.DataFrame) -> list[str]:
+    """Efficiency and accuracy change at each group's largest world size, per scaling kind."""
+    if scaling.empty:
+        sizes = configs.world_size.dropna().unique()
+        if len(sizes) == 1:
+            return [f"**Nothing to scale:** every analysed run used world size {format_value(sizes[0])}."]
+        return ["**No scaling groups:** no two analysed configurations differ only in world size."]
+    return [_kind_sentence(kind, scaling[scaling.scaling == kind]) for kind in SCALING_KINDS]
+
+
+def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
+    name = _KIND_NAMES[kind]
+    if table.empty:
+        fixed = SCALING_KINDS[kind]
+        return f"{name}: no groups (no {fixed} was run at two or more world sizes)."
+    largest = table.sort_values("world_size").drop_duplicates("group", keep="last")
+    if len(largest) == 1:
+        row = largest.iloc[0]
+        text = (
+            f"{name}: at world size {format_value(row.world_size)}, **efficiency {row.efficiency:.2f}** "
+            f"(speedup {row.speedup:.2f}× over world size {format_value(row.baseline_world_size)}; "
+            f"ideal {row.ideal_speedup:.2f}×)"
+        )
+        if pd.notna(row.grad_sync_share):
+            text += f"; gradient sync takes {row.grad_sync_share:.0%} of step time there"
+        if pd.notna(row.val_acc_change):
+            text += f"; final val_acc changes by {row.val_acc_change:+.3f}"
+        return text + "."
+    worst, best = largest.loc[largest.efficiency.idxmin()], largest.loc[largest.efficiency.idxmax()]
+    text = (
+        f"{name}: across {len(largest)} groups, **efficiency at each group's largest world size** ranges "
+        f"from {worst.efficiency:.2f} ({worst.group}: {worst.group_label}, world size "
+        f"{format_value(worst.world_size)}) to {best.efficiency:.2f} ({best.group}: {best.group_label}, "
+        f"world size {format_value(best.world_size)}), median {largest.efficiency.median():.2f}"
+    )
+    if largest.grad_sync_share.notna().any():
+        text += (f"; gradient sync takes {largest.grad_sync_share.min():.0%}–"
+                 f"{largest.grad_sync_share.max():.0%} of step time there")
+    change = largest.val_acc_change.dropna()
+    if len(change):
+        text += (f"; final val_acc changes by {change.min():+.3f} to {change.max():+.3f} "
+                 f"(mean {change.mean():+.3f})")
+    return text + "."
+
+
+def _accuracy(configs: pd.DataFrame, target: float) -> list[str]:
+    """The spread of final val_acc over the sweep, and who reached the target first."""
+    table = configs.dropna(subset=["final_val_acc"])
+    if table.empty:
+        return ["No analysed run reports a validation accuracy."]
+    low, high = table.loc[table.final_val_acc.idxmin()], table.loc[table.final_val_acc.idxmax()]
+    if len(table) == 1:
+        spread = f"Final val_acc is **{high.final_val_acc:.3f}** (one configuration)."
+    else:
+        spread = (
+            f"**Final val_acc ranges from {low.final_val_acc:.3f} to {high.final_val_acc:.3f}** across "
+            f"{len(table)} configurations (lowest: {describe(low, configs)}; highest: {describe(high, configs)})."
+        )
+    reached = table.dropna(subset=["time_to_target_s"])
+    if reached.empty:
+        target_text = f"No configuration reached val_acc {target:g} (best final {high.final_val_acc:.3f})."
+    else:
+        fastest = reached.loc[reached.time_to_target_s.idxmin()]
+        target_text = (
+            f"{len(reached)} of {len(table)} configurations reached val_acc {target:g}; fastest: "
+            f"**{fastest.time_to_target_s:.1f} s** of training (epoch {fastest.epochs_to_target:g}) "
+            f"with {describe(fastest, configs)}."
+        )
+    return [spread, target_text]
+
+
+def describe(row: pd.Series, configs: pd.DataFrame) -> str:
+    """A configuration in words: its world layout, batch, and the settings that vary in the sweep."""
+    world = f"world size {format_value(row.world_size)}"
+    if pd.notna(row.get("num_nodes")) and row.num_nodes > 1:
+        world += f" ({format_value(row.num_nodes)} nodes × {format_value(row.num_gpus)})"
+    batch = f"batch {format_value(row.batch_size)}/worker (global {format_value(row.global_batch_size)})"
+    varying = [
+        k for k in config_keys(configs.columns)
+        if k not in (*WORLD, "batch_size", "global_batch_size") and configs[k].nunique(dropna=False) > 1
+    ]
+    return ", ".join([world, batch, *(f"{k}={format_value(row[k])}" for k in varying)])
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -1,0 +1,219 @@
+"""PNG plots of the scaling and accuracy tables.
+
+Figures are built with matplotlib's object API on the Agg canvas, never through
+pyplot: no GUI backend, no global figure state, nothing left open between plots.
+Each function returns the path it wrote, or None when there is nothing to draw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullLocator
+
+from .schema import WORLD, config_keys
+from .tables import SCALING_KINDS, format_value
+
+MAX_LINES = 12  # more lines than this make a plot unreadable; the title says what is shown
+MAX_PANELS = 12
+_COLORS = [f"C{i}" for i in range(10)]
+_CMAP = colormaps["viridis"].with_extremes(bad="#f0f0f0")
+_SHORT = {"world_size": "ws", "batch_size": "batch", "global_batch_size": "global batch",
+          "num_nodes": "nodes", "num_gpus": "gpus/node", "optimizer": "optim"}
+_TITLES = {
+    "weak": "Weak scaling: per-worker batch fixed",
+    "strong": "Strong scaling: global batch fixed",
+}
+
+
+def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path) -> Path | None:
+    """Speedup (with the ideal line) and efficiency against world size, one line per group."""
+    table = scaling[scaling.scaling == kind]
+    if table.empty:
+        return None
+    shown, total = _top_groups(table, "group")
+    fig = _figure(12, 5.2)
+    speed_ax, eff_ax = fig.subplots(1, 2)
+    sizes = np.sort(table.world_size.unique().astype(float))
+    for baseline in sorted(table.baseline_world_size.unique()):
+        xs = sizes[sizes >= baseline]
+        speed_ax.plot(xs, xs / baseline, "k--", lw=1.2, label="ideal (linear)" if baseline == table.baseline_world_size.min() else None)
+    eff_ax.axhline(1.0, color="k", ls="--", lw=1.2, label="ideal")
+    other_batch = {"batch_size", "global_batch_size"} - {SCALING_KINDS[kind]}
+    keys = [k for k in config_keys(table.columns) if k not in (*WORLD, *other_batch)]
+    labels = table.group + ": " + _labels(table, keys, always=(SCALING_KINDS[kind],))
+    for i, (label, group) in enumerate(shown.groupby(labels[shown.index], sort=False)):
+        style = dict(color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker="o", label=label)
+        speed_ax.plot(group.world_size.astype(float), group.speedup, **style)
+        eff_ax.plot(group.world_size.astype(float), group.efficiency, **style)
+    _world_axis(speed_ax, sizes)
+    _world_axis(eff_ax, sizes)
+    speed_ax.set(ylabel="speedup over smallest world size", title="Speedup")
+    eff_ax.set(ylabel="parallel efficiency", title="Efficiency (1.0 = linear)",
+               ylim=(0, max(1.1, float(table.efficiency.max()) * 1.1)))
+    fig.suptitle(_TITLES[kind] + _shown(shown.group.nunique(), total, "groups"), fontsize=13)
+    _legend(fig, speed_ax)
+    return _save(fig, path)
+
+
+def plot_throughput(configs: pd.DataFrame, path: Path) -> Path | None:
+    """Throughput (mean ± std over seeds) against world size; lines join runs of one per-worker batch."""
+    if configs.empty or configs.images_per_sec.isna().all():
+        return None
+    keys = [k for k in config_keys(configs.columns) if k not in (*WORLD, "global_batch_size")]
+    table = configs.assign(
+        line=lambda d: d.groupby(keys, dropna=False).ngroup(),
+        label=lambda d: _labels(d, keys, always=("batch_size",)),
+    )
+    shown, total = _top_groups(table, "line")
+    fig = _figure(10, 5.6)
+    ax = fig.subplots()
+    for i, (label, line) in enumerate(shown.sort_values("world_size").groupby("label", sort=False)):
+        ax.errorbar(
+            line.world_size.astype(float), line.images_per_sec, yerr=line.images_per_sec_std.fillna(0),
+            color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker="o", capsize=3, label=label,
+        )
+    _world_axis(ax, np.sort(table.world_size.unique().astype(float)))
+    ax.set(ylabel="images / sec (sum over workers)", ylim=(0, None))
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:,.0f}")
+    fig.suptitle("Throughput against world size" + _shown(shown.line.nunique(), total, "lines"), fontsize=13)
+    _legend(fig, ax)
+    return _save(fig, path)
+
+
+def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
+    """Final val_acc over lr x global batch, one panel per world size (and model/data/optimizer if they vary)."""
+    table = configs.dropna(subset=["final_val_acc"])
+    if table.empty:
+        return None
+    facets = [k for k in ("model", "dataset", "optimizer", "world_size") if table[k].nunique() > 1]
+    panels = list(table.groupby(facets, sort=True)) if facets else [((), table)]
+    total, panels = len(panels), panels[:MAX_PANELS]
+    lrs = np.sort(table.lr.unique())
+    batches = np.sort(table.global_batch_size.unique())
+    cols = min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    cell = max(0.55, min(1.1, 6 / max(len(lrs), len(batches))))
+    fig = _figure(max(6.0, cols * (1.6 + cell * len(batches))), rows * (1.4 + cell * len(lrs)) + 0.8)
+    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    vmin, vmax = float(table.final_val_acc.min()), float(table.final_val_acc.max())
+    vmin, vmax = (vmin - 0.01, vmax + 0.01) if vmax - vmin < 0.02 else (vmin, vmax)
+    for ax, (key, panel) in zip(axes, panels):
+        grid = (
+            panel.groupby(["lr", "global_batch_size"]).final_val_acc.mean()
+            .unstack("global_batch_size").reindex(index=lrs, columns=batches)
+        )
+        values = grid.to_numpy(float)
+        image = ax.imshow(values, cmap=_CMAP, vmin=vmin, vmax=vmax, aspect="auto")
+        for (r, c), value in np.ndenumerate(values):
+            if np.isnan(value):
+                ax.text(c, r, "not run", ha="center", va="center", fontsize=8, color="#888888")
+            else:
+                light = (value - vmin) / (vmax - vmin) < 0.6
+                ax.text(c, r, f"{value:.3f}", ha="center", va="center", fontsize=9,
+                        color="white" if light else "black")
+        ax.set_xticks(range(len(batches)), [format_value(b) for b in batches])
+        ax.set_yticks(range(len(lrs)), [format_value(v) for v in lrs])
+        ax.set(xlabel="global batch size", ylabel="learning rate")
+        key = key if isinstance(key, tuple) else (key,)
+        ax.set_title(", ".join(f"{k}={format_value(v)}" for k, v in zip(facets, key)) or "all runs", fontsize=10)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=axes[: len(panels)].tolist(), label="final val_acc (mean over seeds)", shrink=0.9)
+    more = f" (first {MAX_PANELS} of {total} panels)" if total > MAX_PANELS else ""
+    fig.suptitle("Final validation accuracy: learning rate × global batch" + more, fontsize=13)
+    return _save(fig, path)
+
+
+def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | None:
+    """val_acc over epochs and over training time, one line per configuration (mean over seeds)."""
+    included = runs[runs.included]
+    if included.empty:
+        return None
+    keys = config_keys(included.columns)
+    curves = (
+        epochs.merge(included[["run_id", "final_val_acc", *keys]].assign(
+            line=lambda d: d.groupby(keys, dropna=False).ngroup(),
+            label=lambda d: _labels(d, keys),
+            final=lambda d: d.groupby(keys, dropna=False).final_val_acc.transform("mean"),
+        ).drop(columns=[*keys, "final_val_acc"]), on="run_id")
+        .groupby(["line", "label", "final", "epoch"], as_index=False)
+        .agg(val_acc=("val_acc", "mean"), elapsed_s=("elapsed_s", "mean"))
+    )
+    total = curves.line.nunique()
+    best = curves.drop_duplicates("line").nlargest(MAX_LINES, "final").line
+    fig = _figure(12, 5.2)
+    epoch_ax, time_ax = fig.subplots(1, 2, sharey=True)
+    for i, (label, curve) in enumerate(curves[curves.line.isin(best)].sort_values(["final", "epoch"], ascending=[False, True]).groupby("label", sort=False)):
+        style = dict(color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker="o", ms=3, label=label or "all runs")
+        epoch_ax.plot(curve.epoch.astype(float), curve.val_acc, **style)
+        time_ax.plot(curve.elapsed_s, curve.val_acc, **style)
+    epoch_ax.set(xlabel="epoch", ylabel="validation accuracy", title="Over epochs")
+    epoch_ax.xaxis.get_major_locator().set_params(integer=True)
+    time_ax.set(xlabel="training time (s, evaluation excluded)", title="Over training time")
+    for ax in (epoch_ax, time_ax):
+        ax.grid(alpha=0.3)
+    more = f" (the {MAX_LINES} best of {total} configurations)" if total > MAX_LINES else ""
+    fig.suptitle("Validation accuracy, mean over seeds" + more, fontsize=13)
+    _legend(fig, epoch_ax)
+    return _save(fig, path)
+
+
+def _labels(frame: pd.DataFrame, keys: list[str], always=()) -> pd.Series:
+    """Short legend labels, "lr=0.1, batch=64, ws=4", from the keys that vary between rows.
+
+    The GPUs per node follow from the world size unless the node count varies too, so
+    they are named only then.
+    """
+    varying = [k for k in keys if k in always or frame[k].nunique(dropna=False) > 1]
+    if "num_nodes" not in varying:
+        varying = [k for k in varying if k != "num_gpus"]
+    if not varying or frame.empty:
+        return pd.Series("", index=frame.index, dtype=str)
+    parts = [_SHORT.get(k, k) + "=" + frame[k].map(format_value) for k in varying]
+    return pd.concat(parts, axis=1).agg(", ".join, axis=1)
+
+
+def _top_groups(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, int]:
+    """The MAX_LINES groups with the highest peak throughput, and how many there were."""
+    peak = table.groupby(column).images_per_sec.max().nlargest(MAX_LINES)
+    return table[table[column].isin(peak.index)], table[column].nunique()
+
+
+def _shown(shown: int, total: int, what: str) -> str:
+    return f"\n(the {shown} of {total} {what} with the highest throughput)" if shown < total else ""
+
+
+def _world_axis(ax, sizes: np.ndarray) -> None:
+    """World size on a log2 axis (1, 2, 4, 8 evenly spaced), ticked at the sizes present."""
+    if len(sizes) and sizes.max() / sizes.min() >= 4:
+        ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sizes))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}")
+    ax.set_xlabel("world size (workers)")
+    ax.grid(alpha=0.3)
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _legend(fig: Figure, ax) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        widest = max(len(label) for label in labels)
+        ncols = max(1, min(4, len(labels), 120 // (widest + 8)))
+        fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path)
+    return path

@@ -1,0 +1,187 @@
+"""Turn a report (a list of blocks) and DataFrames into Markdown and self-contained HTML."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Heading:
+    text: str
+    level: int = 2
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    text: str  # may use **bold** and `code`
+
+
+@dataclass(frozen=True)
+class Bullets:
+    items: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    frame: pd.DataFrame  # already formatted: every cell a string
+
+
+@dataclass(frozen=True)
+class Image:
+    path: Path
+    alt: str
+
+
+# Display formats by column name; everything else falls back to `_number`.
+_FIXED = {
+    "speedup": 2, "ideal_speedup": 2, "efficiency": 2, "grad_sync_share": 2,
+    "val_acc_change": 3, "target_acc": 2,
+}
+
+
+def format_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every cell as display text: accuracies to 3 decimals, throughput with separators, '–' for missing."""
+    return frame.apply(lambda column: column.map(lambda v, name=column.name: format_cell(name, v)))
+
+
+def format_cell(name: str, value) -> str:
+    """One value as display text, chosen by its column name."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return value
+    if name in _FIXED:
+        return f"{value:+.{_FIXED[name]}f}" if name == "val_acc_change" else f"{value:.{_FIXED[name]}f}"
+    if name.endswith("_acc") or name.endswith("_acc_std"):
+        return f"{value:.3f}"
+    if name == "lr":
+        return f"{value:g}"
+    return _number(value)
+
+
+def _number(value) -> str:
+    if float(value).is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}" if abs(value) >= 10_000 else str(int(value))
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A GitHub-flavoured Markdown table of an already formatted frame."""
+    def cell(text) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = [
+        "| " + " | ".join(cell(c) for c in frame.columns) + " |",
+        "|" + "|".join("---" for _ in frame.columns) + "|",
+    ]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def html_table(frame: pd.DataFrame) -> str:
+    """An HTML table of an already formatted frame; numeric-looking cells right-aligned."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    body = "".join(
+        "<tr>" + "".join(_html_cell(v) for v in row) + "</tr>"
+        for row in frame.itertuples(index=False)
+    )
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+_NUMERIC = re.compile(r"^[+\-–]?[\d,]*\.?\d+(e[+-]?\d+)?$|^–$")
+
+
+def _html_cell(value) -> str:
+    text = str(value)
+    align = ' class="num"' if _NUMERIC.match(text) else ""
+    return f"<td{align}>{html.escape(text)}</td>"
+
+
+def to_markdown(blocks: list) -> str:
+    """The report as Markdown; images are linked by file name (they sit beside it)."""
+    parts = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            parts.append("#" * block.level + " " + block.text)
+        elif isinstance(block, Paragraph):
+            parts.append(block.text)
+        elif isinstance(block, Bullets):
+            parts.append("\n".join("- " + item for item in block.items))
+        elif isinstance(block, Table):
+            parts.append(markdown_table(block.frame))
+        elif isinstance(block, Image):
+            parts.append(f"![{block.alt}]({block.path.name})")
+    return "\n\n".join(parts) + "\n"
+
+
+def to_html(blocks: list, title: str) -> str:
+    """The report as one self-contained HTML page: inline CSS, images as base64 data URIs."""
+    parts = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            anchor = re.sub(r"[^a-z0-9]+", "-", block.text.lower()).strip("-")
+            parts.append(f'<h{block.level} id="{anchor}">{_inline(block.text)}</h{block.level}>')
+        elif isinstance(block, Paragraph):
+            parts.append(f"<p>{_inline(block.text)}</p>")
+        elif isinstance(block, Bullets):
+            parts.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in block.items) + "</ul>")
+        elif isinstance(block, Table):
+            parts.append(html_table(block.frame))
+        elif isinstance(block, Image):
+            data = base64.b64encode(block.path.read_bytes()).decode("ascii")
+            parts.append(
+                f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(block.alt)}">'
+                f"<figcaption>{html.escape(block.alt)}</figcaption></figure>"
+            )
+    body = "\n".join(parts)
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n"
+        f"<body><main>\n{body}\n</main></body></html>\n"
+    )
+
+
+def _inline(text: str) -> str:
+    """Escape, then render the two bits of inline Markdown the report uses."""
+    text = html.escape(text)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", text)
+    text = re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+    return re.sub(r"\[(.+?)\]\(#([a-z0-9-]+)\)", r'<a href="#\2">\1</a>', text)
+
+
+_CSS = """
+body { margin: 0; background: #f6f7f9; color: #1f2328;
+  font: 15px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; }
+main { max-width: 1100px; margin: 0 auto; padding: 24px 32px 64px; background: #fff; }
+h1 { font-size: 26px; margin: 8px 0 4px; }
+h2 { font-size: 20px; margin-top: 36px; padding-bottom: 4px; border-bottom: 1px solid #d8dee4; }
+h3 { font-size: 16px; margin-top: 24px; }
+code { font: 13px ui-monospace, Menlo, Consolas, monospace; background: #eff1f3;
+  padding: 1px 4px; border-radius: 4px; }
+ul { padding-left: 22px; } li { margin: 4px 0; }
+.scroll { overflow-x: auto; margin: 12px 0; max-height: 640px; overflow-y: auto; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { border: 1px solid #d8dee4; padding: 4px 8px; text-align: left; vertical-align: top; }
+th { background: #eef1f4; position: sticky; top: 0; white-space: nowrap; }
+td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+tbody tr:nth-child(even) { background: #f8f9fb; }
+figure { margin: 16px 0; }
+figure img { max-width: 100%; height: auto; border: 1px solid #e3e6ea; }
+figcaption { color: #59636e; font-size: 13px; }
+"""

@@ -1,0 +1,105 @@
+"""Per-run summaries (throughput, accuracy, time to target) and the rule for which runs count.
+
+Which runs feed the scaling and accuracy tables: a run is *included* when it has no
+problem (readable files, consistent rows), holds every epoch it was configured for,
+and its status is `completed`, or `unknown` (results.csv without run.json: the rows
+are all there, so nothing says the run went wrong). Every other run is listed with
+the reason it was left out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+INCLUSION_RULE = (
+    "A run is analysed when its status is `completed` (or `unknown`: a results.csv "
+    "without run.json), its results.csv holds every configured epoch, and its files "
+    "have no problem. Failed, running, interrupted and unreadable runs are listed "
+    "under Problems with the reason and left out of the scaling and accuracy tables."
+)
+
+
+def summarise_runs(epochs: pd.DataFrame, runs: pd.DataFrame, target_acc: float) -> pd.DataFrame:
+    """The runs table with per-run metrics, `included` and the reason a run is left out."""
+    return (
+        runs.merge(per_run_metrics(epochs, target_acc), on="run_id", how="left")
+        .assign(epochs_done=lambda d: d.epochs_done.fillna(0).astype("int64"))
+        .pipe(_judge)
+    )
+
+
+def per_run_metrics(epochs: pd.DataFrame, target_acc: float) -> pd.DataFrame:
+    """One row per run: throughput, time per epoch, final/best val_acc, time to target."""
+    ordered = epochs.sort_values(["run_id", "epoch"], kind="stable")
+    by_run = ordered.groupby("run_id")
+    # Throughput skips the first epoch (warm-up: data loader start, cudnn autotune,
+    # allocator growth) unless it is the only one.
+    steady = ordered[
+        (ordered.epoch > by_run.epoch.transform("min")) | (by_run.epoch.transform("size") == 1)
+    ]
+    sync = {"grad_sync_share": ("grad_sync_share", "mean")} if "grad_sync_share" in epochs else {}
+    last = ordered.drop_duplicates("run_id", keep="last").set_index("run_id")
+    reached = (
+        ordered[ordered.val_acc >= target_acc]
+        .drop_duplicates("run_id", keep="first")
+        .set_index("run_id")
+    )
+    return (
+        by_run.agg(epochs_done=("epoch", "size"), best_val_acc=("val_acc", "max"))
+        .join(steady.groupby("run_id").agg(
+            images_per_sec=("images_per_sec", "median"),
+            epoch_time_s=("epoch_time_s", "median"),
+            **sync,
+        ))
+        .join(last[["val_acc", "val_loss", "train_loss", "elapsed_s"]].rename(columns={
+            "val_acc": "final_val_acc", "val_loss": "final_val_loss",
+            "train_loss": "final_train_loss",
+        }))
+        .join(reached[["epoch", "elapsed_s"]].rename(columns={
+            "epoch": "epochs_to_target", "elapsed_s": "time_to_target_s",
+        }))
+        .reset_index()
+    )
+
+
+def _judge(runs: pd.DataFrame) -> pd.DataFrame:
+    """Add `included` and extend `problem` with why a run is left out."""
+    complete = runs.epochs_done.ge(runs.epochs.astype("Float64")).fillna(False).astype(bool)
+    status = runs.status
+    error = runs.error.fillna("").astype(str).str.strip().str.replace(r"\s+", " ", regex=True)
+    reason = pd.Series(
+        np.select(
+            [
+                status.eq("failed") & error.ne(""),
+                status.eq("failed"),
+                status.eq("running"),
+                status.eq("interrupted"),
+                ~status.isin(["completed", "unknown"]),
+                status.eq("completed") & ~runs.has_results,
+                status.eq("completed") & ~complete,
+                status.eq("unknown") & ~runs.has_results,
+                status.eq("unknown") & ~complete,
+            ],
+            [
+                "failed: " + error.str.slice(0, 300),
+                "failed (run.json gives no error)",
+                "still running, or stopped without updating run.json",
+                "interrupted",
+                "status " + status.astype(str),
+                "completed but has no results.csv",
+                "completed but results.csv has " + _k_of_n(runs),
+                "run.json unreadable and no results.csv",
+                "no run.json and results.csv has only " + _k_of_n(runs),
+            ],
+            default="",
+        ),
+        index=runs.index,
+    )
+    known = runs.problem.fillna("")
+    problem = reason.where(known.eq(""), reason.where(reason.eq(""), reason + "; ") + known)
+    return runs.assign(problem=problem, included=problem.eq(""))
+
+
+def _k_of_n(runs: pd.DataFrame) -> pd.Series:
+    return runs.epochs_done.astype(str) + " of " + runs.epochs.astype(str).replace("<NA>", "?") + " epochs"

@@ -1,0 +1,51 @@
+"""Column names of the results.csv contract (DESIGN.md) and how the analysis uses them."""
+
+RESULTS_CSV = "results.csv"
+RUN_JSON = "run.json"
+
+# Settings every row repeats: together they say which experiment a run is.
+STRING_SETTINGS = ("model", "dataset", "optimizer", "backend", "device")
+NUMERIC_SETTINGS = (
+    "num_nodes", "num_gpus", "world_size", "batch_size", "global_batch_size",
+    "lr", "seed", "epochs",
+)
+# Per-epoch measurements.
+METRICS = (
+    "epoch", "train_loss", "train_acc", "val_loss", "val_acc",
+    "epoch_time_s", "elapsed_s", "images_per_sec",
+)
+REQUIRED = (*STRING_SETTINGS, *NUMERIC_SETTINGS, *METRICS)
+
+# Optional columns that also tell runs apart when present (a bf16 run is not a
+# repeat of an fp32 run), so they join the settings used for grouping.
+EXTRA_SETTINGS = ("precision", "data_loader", "launcher")
+# Optional numeric columns; a bad value there becomes NaN instead of a problem.
+EXTRA_NUMERIC = ("step_time_p50_s", "step_time_p90_s", "grad_sync_share", "eval_time_s")
+
+# Values that must be present on every row: without them a row cannot be placed.
+NON_EMPTY = (*NUMERIC_SETTINGS, "epoch")
+# Spellings of a missing measurement (a diverged loss is a result, not a bad file).
+MISSING_VALUES = frozenset({"", "nan", "NaN", "NAN", "-nan", "None", "null", "NA", "N/A"})
+
+# Display order for settings; also the seed-less key that aggregates repeats.
+SETTINGS_ORDER = (
+    "model", "dataset", "optimizer", "precision", "data_loader", "backend", "device",
+    "launcher", "lr", "batch_size", "global_batch_size", "num_nodes", "num_gpus",
+    "world_size", "epochs", "seed",
+)
+WORLD = ("world_size", "num_nodes", "num_gpus")
+
+STATUSES = ("completed", "failed", "running", "interrupted", "unknown")
+# Statuses whose runs may feed the tables (unknown = no run.json, see runs.py).
+ANALYSABLE_STATUSES = ("completed", "unknown")
+
+
+def settings_in(columns) -> list[str]:
+    """The setting columns present in `columns`, in display order."""
+    present = set(columns)
+    return [c for c in SETTINGS_ORDER if c in present]
+
+
+def config_keys(columns) -> list[str]:
+    """Settings that identify a configuration: every setting except the seed."""
+    return [c for c in settings_in(columns) if c != "seed"]

@@ -1,0 +1,114 @@
+"""Seed aggregation, scaling tables and accuracy tables, all from the runs table."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .schema import WORLD, config_keys
+
+# Scaling kind -> the batch setting held fixed while the world size grows.
+SCALING_KINDS = {"weak": "batch_size", "strong": "global_batch_size"}
+SCALING_COLUMNS = (
+    "scaling", "group", "group_label", "n_runs", "images_per_sec", "images_per_sec_std",
+    "speedup", "ideal_speedup", "efficiency", "epoch_time_s", "grad_sync_share",
+    "final_val_acc", "val_acc_change", "baseline_world_size",
+)
+ACCURACY_ORDER = (
+    "model", "dataset", "optimizer", "precision", "data_loader", "backend", "device",
+    "launcher", "lr", "global_batch_size", "world_size", "batch_size", "num_nodes",
+    "num_gpus", "epochs",
+)
+ACCURACY_COLUMNS = (
+    "n_runs", "final_val_acc", "final_val_acc_std", "best_val_acc", "target_acc",
+    "n_reached", "epochs_to_target", "time_to_target_s", "elapsed_s",
+)
+
+
+def configurations(runs: pd.DataFrame) -> pd.DataFrame:
+    """Included runs identical but for seed, aggregated to mean, std (ddof=1) and n."""
+    keys = config_keys(runs.columns)
+    sync = {"grad_sync_share": ("grad_sync_share", "mean")} if "grad_sync_share" in runs else {}
+    return (
+        runs[runs.included]
+        .groupby(keys, dropna=False, sort=True)
+        .agg(
+            n_runs=("run_id", "size"),
+            images_per_sec=("images_per_sec", "mean"),
+            images_per_sec_std=("images_per_sec", "std"),
+            epoch_time_s=("epoch_time_s", "mean"),
+            **sync,
+            final_val_acc=("final_val_acc", "mean"),
+            final_val_acc_std=("final_val_acc", "std"),
+            best_val_acc=("best_val_acc", "mean"),
+            n_reached=("time_to_target_s", "count"),
+            epochs_to_target=("epochs_to_target", "mean"),
+            time_to_target_s=("time_to_target_s", "mean"),
+            elapsed_s=("elapsed_s", "mean"),
+        )
+        .reset_index()
+    )
+
+
+def scaling_table(configs: pd.DataFrame) -> pd.DataFrame:
+    """Weak and strong scaling groups with speedup and efficiency against the smallest world size."""
+    frames = [_scaling(configs, kind, fixed) for kind, fixed in SCALING_KINDS.items()]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _scaling(configs: pd.DataFrame, kind: str, fixed: str) -> pd.DataFrame:
+    """One scaling kind: configurations identical but for the world layout (and the other batch)."""
+    keys = [k for k in config_keys(configs.columns) if k not in (*WORLD, *SCALING_KINDS.values())]
+    keys.append(fixed)
+    settings = [*keys, *(c for c in ("batch_size", "global_batch_size") if c != fixed), *WORLD]
+    columns = [*SCALING_COLUMNS[:3], *settings, *SCALING_COLUMNS[3:]]
+    if configs.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = (
+        configs.assign(scaling=kind, group=configs.groupby(keys, dropna=False).ngroup())
+        # A group at a single world size says nothing about scaling; leave it out.
+        .pipe(lambda d: d[d.groupby("group").world_size.transform("nunique") >= 2])
+        .sort_values(["group", "world_size", "num_nodes"], kind="stable")
+    )
+    baseline = grouped.drop_duplicates("group").set_index("group")
+    return (
+        grouped.assign(
+            baseline_world_size=lambda d: d.group.map(baseline.world_size),
+            speedup=lambda d: d.images_per_sec / d.group.map(baseline.images_per_sec),
+            ideal_speedup=lambda d: d.world_size / d.baseline_world_size,
+            efficiency=lambda d: d.speedup / d.ideal_speedup,
+            val_acc_change=lambda d: d.final_val_acc - d.group.map(baseline.final_val_acc),
+            group=lambda d: kind[0].upper() + d.group.rank(method="dense").astype(int).astype(str),
+        )
+        .pipe(lambda d: d.assign(group_label=group_labels(d, keys, always=(fixed,))))
+        .reindex(columns=columns)
+        .reset_index(drop=True)
+    )
+
+
+def group_labels(frame: pd.DataFrame, keys: list[str], always=()) -> pd.Series:
+    """A short label per row, "lr=0.1, batch_size=64", naming the keys that vary between rows."""
+    varying = [k for k in keys if k in always or frame[k].nunique(dropna=False) > 1]
+    if not varying or frame.empty:
+        return pd.Series("", index=frame.index, dtype=str)
+    parts = [k + "=" + frame[k].map(format_value) for k in varying]
+    return pd.concat(parts, axis=1).agg(", ".join, axis=1)
+
+
+def accuracy_table(configs: pd.DataFrame, target_acc: float) -> pd.DataFrame:
+    """Final and best val_acc, and epochs and time to `target_acc`, by configuration."""
+    settings = [c for c in ACCURACY_ORDER if c in configs.columns]
+    return (
+        configs.assign(target_acc=target_acc)
+        .sort_values(settings, kind="stable")
+        .reindex(columns=[*settings, *ACCURACY_COLUMNS])
+        .reset_index(drop=True)
+    )
+
+
+def format_value(value) -> str:
+    """A setting as a short string: 0.1, 64, cnn."""
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return "?"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

@@ -1,0 +1,3 @@
+"""ddpscale: configuration-driven scaling experiments for data-parallel PyTorch training."""
+
+__version__ = "0.1.0"

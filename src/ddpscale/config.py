@@ -1,0 +1,347 @@
+"""The config schema: one dataclass per group, registered with Hydra's ConfigStore.
+
+Every `conf/<group>/*.yaml` starts from its schema in the defaults list, so an unknown
+key or a value of the wrong type fails when Hydra composes the config. Checks that a
+type cannot express (ranges, combinations) live in `validate`, which runs in the job
+process before any worker starts. Every error names the key and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error; the message names the key and the fix."""
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass
+class ModelConfig:
+    """Fields every model option has."""
+
+    name: str = MISSING
+    """Architecture, one of the `model=` options: cnn, wide_resnet."""
+
+
+@dataclass
+class CNNConfig(ModelConfig):
+    """The classic two-convolution MNIST network (pytorch/examples' mnist)."""
+
+    name: str = "cnn"
+    conv1_channels: int = 32
+    """Output channels of the first 3x3 convolution."""
+    conv2_channels: int = 64
+    """Output channels of the second 3x3 convolution."""
+    hidden: int = 128
+    """Width of the fully connected hidden layer."""
+    dropout: float = 0.25
+    """Dropout after the convolutions; twice this after the hidden layer. In [0, 1)."""
+
+
+@dataclass
+class WideResNetConfig(ModelConfig):
+    """Wide residual network WRN-depth-width (Zagoruyko and Komodakis, 2016)."""
+
+    name: str = "wide_resnet"
+    depth: int = 16
+    """Total depth; must be 6n + 4 (10, 16, 22, 28, ...)."""
+    width: int = 4
+    """Widening factor k: the three stages have 16k, 32k, 64k channels."""
+    dropout: float = 0.0
+    """Dropout between the convolutions of each block. In [0, 1)."""
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class DataConfig:
+    """A data set and how each worker reads it."""
+
+    name: str = MISSING
+    """Data set, one of the `data=` options: fashion_mnist, mnist, synthetic."""
+    root: str = "data"
+    """Directory holding `<DatasetName>/raw/`; relative paths are taken from where you run."""
+    download: bool = True
+    """Download the data set into `root` when it is missing (needs internet)."""
+    batch_size: int = 64
+    """Examples per step on each worker; the global batch is batch_size x world size."""
+    num_workers: int = 0
+    """DataLoader worker processes per training process (data.loader=dataloader only)."""
+    train_size: Optional[int] = None
+    """Use only the first N training examples (null: all)."""
+    val_size: Optional[int] = None
+    """Use only the first N validation examples (null: all)."""
+    loader: str = "memory"
+    """memory: decode once into tensors and draw batches by index (on the GPU with CUDA);
+    dataloader: the textbook torch DataLoader with per-sample transforms."""
+    drop_last: bool = False
+    """Drop the tail of each rank's shard that does not fill a batch."""
+    channels: int = 1
+    """Image channels (models read it from here)."""
+    image_size: int = 28
+    """Image height and width in pixels."""
+    num_classes: int = 10
+    """Number of classes."""
+    mean: float = 0.5
+    """Normalisation mean applied to pixels scaled to [0, 1]."""
+    std: float = 0.5
+    """Normalisation standard deviation."""
+    noise: float = 0.0
+    """Synthetic only: standard deviation of the noise added to each class prototype."""
+    seed: int = 0
+    """Synthetic only: seed of the generated data set (the same on every rank)."""
+
+
+# --------------------------------------------------------------------------- optim
+
+
+@dataclass
+class OptimConfig:
+    """Fields every optimizer has."""
+
+    name: str = MISSING
+    """Optimizer, one of the `optim=` options: sgd, adamw."""
+    lr: float = 0.01
+    """Learning rate (> 0); the key users sweep."""
+    weight_decay: float = 0.0
+    """L2 penalty (sgd) or decoupled weight decay (adamw); >= 0."""
+
+
+@dataclass
+class SGDConfig(OptimConfig):
+    """Stochastic gradient descent with momentum."""
+
+    name: str = "sgd"
+    momentum: float = 0.9
+    """Momentum factor in [0, 1)."""
+    nesterov: bool = False
+    """Nesterov momentum (needs momentum > 0)."""
+
+
+@dataclass
+class AdamWConfig(OptimConfig):
+    """Adam with decoupled weight decay."""
+
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    """Decay of the first moment estimate, in [0, 1)."""
+    beta2: float = 0.999
+    """Decay of the second moment estimate, in [0, 1)."""
+    eps: float = 1e-8
+    """Added to the denominator for numerical stability."""
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+@dataclass
+class DistributedConfig:
+    """How many workers, where they run and how they meet."""
+
+    num_gpus: int = 1
+    """Worker processes per node: one per GPU, or CPU processes where there is no GPU."""
+    num_nodes: int = 1
+    """Nodes taking part; world size = num_nodes x num_gpus."""
+    node_id: int = 0
+    """This node's index in [0, num_nodes); node 0 hosts global rank 0."""
+    master_addr: Optional[str] = None
+    """Host of node 0 (needed with num_nodes > 1; 127.0.0.1 on one node)."""
+    master_port: Optional[int] = None
+    """Rendezvous port on master_addr; a free one is picked when unset on one node."""
+    backend: str = "auto"
+    """auto (nccl on CUDA, gloo on CPU), nccl or gloo."""
+    device: str = "auto"
+    """auto (CUDA when there are num_gpus GPUs, else CPU), cuda or cpu."""
+    timeout_s: float = 300.0
+    """Seconds to wait for all workers at the rendezvous and in each collective."""
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size in MiB."""
+    gradient_as_bucket_view: bool = True
+    """Let gradients alias DDP's communication buckets (saves a copy and memory)."""
+    static_graph: bool = False
+    """Tell DDP the graph is the same every step (lets it skip some bookkeeping)."""
+
+
+# --------------------------------------------------------------------------- train
+
+
+@dataclass
+class TrainConfig:
+    """The training loop."""
+
+    epochs: int = 3
+    """Passes over the training set (>= 1)."""
+    seed: int = 0
+    """Seed of weights, shuffling and dropout; the same on every rank."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; DDP skips the all-reduce (no_sync) on all but the last."""
+    precision: str = "fp32"
+    """fp32, bf16 (autocast, CPU or CUDA) or fp16 (autocast with a gradient scaler, CUDA only)."""
+    channels_last: bool = False
+    """Store activations in NHWC order (faster convolutions on recent GPUs)."""
+    compile: bool = False
+    """Compile the model with torch.compile before wrapping it in DDP."""
+    sync_probe_steps: int = 3
+    """Steps per epoch timed with and without gradient sync to estimate the sync share (0: off)."""
+    progress: bool = True
+    """Show a progress bar (global rank 0 only)."""
+    threads: Optional[int] = None
+    """CPU threads per worker (null: the cores this process may use // num_gpus)."""
+
+
+# --------------------------------------------------------------------------- top level
+
+
+@dataclass
+class Config:
+    """A whole run: one option of each group plus the training loop."""
+
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    optim: OptimConfig = MISSING
+    distributed: DistributedConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def register_configs() -> None:
+    """Register the schemas so `conf/` can build on them (idempotent)."""
+    cs = ConfigStore.instance()
+    # Kept under schema/ so that `model=...` errors list only the real options.
+    cs.store(group="schema", name="config", node=Config)
+    cs.store(group="schema/model", name="cnn", node=CNNConfig)
+    cs.store(group="schema/model", name="wide_resnet", node=WideResNetConfig)
+    cs.store(group="schema/data", name="data", node=DataConfig)
+    cs.store(group="schema/optim", name="sgd", node=SGDConfig)
+    cs.store(group="schema/optim", name="adamw", node=AdamWConfig)
+    cs.store(group="schema/distributed", name="distributed", node=DistributedConfig)
+
+
+register_configs()
+
+
+def to_config(cfg: DictConfig | Config) -> Config:
+    """Turn a composed DictConfig into typed dataclasses (resolving interpolations)."""
+    if isinstance(cfg, Config):
+        return cfg
+    return OmegaConf.to_object(cfg)
+
+
+def as_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict of a config, for run.json and logs."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+# --------------------------------------------------------------------------- validation
+
+_CHOICES = {
+    "data.loader": ("memory", "dataloader"),
+    "distributed.backend": ("auto", "nccl", "gloo"),
+    "distributed.device": ("auto", "cuda", "cpu"),
+    "train.precision": ("fp32", "bf16", "fp16"),
+}
+
+
+def validate(cfg: Config) -> None:
+    """Check ranges and combinations that types cannot express; raise ConfigError."""
+    d, data, optim, train = cfg.distributed, cfg.data, cfg.optim, cfg.train
+    _at_least("distributed.num_gpus", d.num_gpus, 1, "worker processes per node")
+    _at_least("distributed.num_nodes", d.num_nodes, 1, "nodes")
+    if not 0 <= d.node_id < d.num_nodes:
+        raise ConfigError(
+            f"distributed.node_id={d.node_id} but distributed.num_nodes={d.num_nodes}; "
+            f"use a node_id in 0..{d.num_nodes - 1}"
+        )
+    if d.num_nodes > 1 and not d.master_addr:
+        raise ConfigError(
+            f"distributed.num_nodes={d.num_nodes} needs distributed.master_addr: "
+            "set it to the host name or IP of node 0 on every node"
+        )
+    if d.num_nodes > 1 and d.master_port is None:
+        raise ConfigError(
+            f"distributed.num_nodes={d.num_nodes} needs distributed.master_port: "
+            "pick a free port on node 0 and pass the same value on every node, e.g. 29500"
+        )
+    if d.master_port is not None and not 1 <= d.master_port <= 65535:
+        raise ConfigError(f"distributed.master_port={d.master_port} must be in 1..65535")
+    _positive("distributed.timeout_s", d.timeout_s)
+    _positive("distributed.bucket_cap_mb", d.bucket_cap_mb)
+
+    _at_least("data.batch_size", data.batch_size, 1, "examples per worker and step")
+    _at_least("data.num_workers", data.num_workers, 0, "DataLoader processes")
+    for key in ("train_size", "val_size"):
+        value = getattr(data, key)
+        if value is not None:
+            _at_least(f"data.{key}", value, 1, "examples (or null for all)")
+    _at_least("data.channels", data.channels, 1, "image channels")
+    _at_least("data.num_classes", data.num_classes, 2, "classes")
+    _positive("data.std", data.std)
+    if data.noise < 0:
+        raise ConfigError(f"data.noise={data.noise} must be >= 0")
+
+    _positive("optim.lr", optim.lr)
+    if optim.weight_decay < 0:
+        raise ConfigError(f"optim.weight_decay={optim.weight_decay} must be >= 0")
+    if isinstance(optim, SGDConfig):
+        _fraction("optim.momentum", optim.momentum)
+        if optim.nesterov and optim.momentum == 0:
+            raise ConfigError("optim.nesterov=true needs optim.momentum > 0")
+    if isinstance(optim, AdamWConfig):
+        _fraction("optim.beta1", optim.beta1)
+        _fraction("optim.beta2", optim.beta2)
+        _positive("optim.eps", optim.eps)
+
+    _at_least("train.epochs", train.epochs, 1, "passes over the data")
+    _at_least("train.grad_accum_steps", train.grad_accum_steps, 1, "micro-batches per step")
+    _at_least("train.sync_probe_steps", train.sync_probe_steps, 0, "probe steps (0: off)")
+    if train.threads is not None:
+        _at_least("train.threads", train.threads, 1, "CPU threads per worker (or null)")
+
+    _validate_model(cfg.model, data)
+    for key, allowed in _CHOICES.items():
+        group, name = key.split(".")
+        value = getattr(getattr(cfg, group), name)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _validate_model(model: ModelConfig, data: DataConfig) -> None:
+    if isinstance(model, CNNConfig):
+        _fraction("model.dropout", model.dropout)
+        for key in ("conv1_channels", "conv2_channels", "hidden"):
+            _at_least(f"model.{key}", getattr(model, key), 1, "units")
+        if data.image_size < 6:
+            raise ConfigError(
+                f"model=cnn needs images of at least 6x6 pixels, data.image_size={data.image_size}"
+            )
+    if isinstance(model, WideResNetConfig):
+        _fraction("model.dropout", model.dropout)
+        _at_least("model.width", model.width, 1, "widening factor")
+        if model.depth < 10 or (model.depth - 4) % 6:
+            raise ConfigError(
+                f"model.depth={model.depth} must be 6n+4 with n >= 1 (10, 16, 22, 28, 40)"
+            )
+
+
+def _at_least(key: str, value: int, low: int, what: str) -> None:
+    if value < low:
+        raise ConfigError(f"{key}={value} must be >= {low} ({what})")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{key}={value} must be > 0")
+
+
+def _fraction(key: str, value: float) -> None:
+    if not 0 <= value < 1:
+        raise ConfigError(f"{key}={value} must be in [0, 1)")

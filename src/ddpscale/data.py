@@ -1,0 +1,272 @@
+"""Data sets and how each worker reads its shard.
+
+Two read paths give the same shards for a seed, because both draw indices from
+`DistributedSampler`:
+
+- `memory` (default): the split is decoded once into one tensor, normalised in bulk and
+  kept on the training device; a batch is one `index_select`. On small images this is
+  what keeps the model, not Python, the bottleneck.
+- `dataloader`: the textbook recipe, a `DataLoader` with per-sample PIL -> ToTensor ->
+  Normalize, for comparison and for data sets that do not fit in memory.
+
+Validation is sharded without padding (rank r takes examples r, r + W, ...), so summing
+the per-rank counts counts every validation image exactly once.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from ddpscale.config import ConfigError, DataConfig
+
+log = logging.getLogger("ddpscale")
+
+# data option -> (torchvision class name, file stem per split)
+_IDX_DATASETS = {
+    "fashion_mnist": "FashionMNIST",
+    "mnist": "MNIST",
+}
+_SPLIT_FILES = {True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+                False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+@dataclass
+class Split:
+    """One split held in memory: uint8 or float images (N, C, H, W) and int64 labels."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def head(self, n: int | None) -> "Split":
+        """The first n examples (all when n is None)."""
+        return self if n is None else Split(self.images[:n], self.labels[:n])
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def prepare(cfg: DataConfig) -> None:
+    """Make sure the data is on disk before any worker starts (download once, here)."""
+    if cfg.name == "synthetic":
+        return
+    folder = _raw_folder(cfg)
+    if _missing_files(folder):
+        if not cfg.download:
+            raise ConfigError(_missing_message(cfg, folder, "data.download=false"))
+        _download(cfg, folder)
+
+
+def load_split(cfg: DataConfig, train: bool) -> Split:
+    """The first train_size / val_size examples of a split, as tensors."""
+    loaders: dict[str, Callable[[DataConfig, bool], Split]] = {"synthetic": _synthetic}
+    loaders.update({name: _idx_split for name in _IDX_DATASETS})
+    if cfg.name not in loaders:
+        raise ConfigError(f"data={cfg.name!r} is unknown; valid: {', '.join(sorted(loaders))}")
+    split = loaders[cfg.name](cfg, train)
+    return split.head(cfg.train_size if train else cfg.val_size)
+
+
+def _raw_folder(cfg: DataConfig) -> Path:
+    if cfg.name not in _IDX_DATASETS:
+        raise ConfigError(
+            f"data={cfg.name!r} is unknown; valid: synthetic, {', '.join(_IDX_DATASETS)}"
+        )
+    return Path(cfg.root).expanduser() / _IDX_DATASETS[cfg.name] / "raw"
+
+
+def _find(folder: Path, stem: str) -> Path | None:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _missing_files(folder: Path) -> list[str]:
+    stems = [stem for split in _SPLIT_FILES.values() for stem in split]
+    return [stem for stem in stems if _find(folder, stem) is None]
+
+
+def _missing_message(cfg: DataConfig, folder: Path, why: str) -> str:
+    return (
+        f"data={cfg.name}: no data in {folder.resolve()} (looked for "
+        f"{', '.join(_missing_files(folder))}, plain or .gz) and {why}. Fix: "
+        f"data.download=true to fetch it, data.root=DIR with DIR/{folder.parent.name}/raw/ "
+        "holding the files, or data=synthetic to train on generated data"
+    )
+
+
+def _download(cfg: DataConfig, folder: Path) -> None:
+    import torchvision.datasets as tvd
+
+    dataset_class = getattr(tvd, _IDX_DATASETS[cfg.name])
+    log.info("downloading %s into %s", cfg.name, folder.parent.parent)
+    try:
+        for train in (True, False):
+            dataset_class(str(folder.parent.parent), train=train, download=True)
+    except Exception as err:
+        raise ConfigError(_missing_message(cfg, folder, f"the download failed ({err})")) from err
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (the MNIST format), gzipped or not."""
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def _idx_split(cfg: DataConfig, train: bool) -> Split:
+    folder = _raw_folder(cfg)
+    paths = [_find(folder, stem) for stem in _SPLIT_FILES[train]]
+    if None in paths:
+        raise ConfigError(_missing_message(cfg, folder, "it was not prepared"))
+    images, labels = (_read_idx(p) for p in paths)
+    if images.shape[1:] != (cfg.image_size, cfg.image_size) or cfg.channels != 1:
+        raise ConfigError(
+            f"data={cfg.name} has 1x{images.shape[1]}x{images.shape[2]} images but the config "
+            f"says data.channels={cfg.channels}, data.image_size={cfg.image_size}; "
+            "leave those keys at the data option's values"
+        )
+    return Split(torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.astype(np.int64)))
+
+
+def _synthetic(cfg: DataConfig, train: bool) -> Split:
+    """Class prototypes (smooth random patterns) plus Gaussian noise, the same on every rank."""
+    n = (cfg.train_size if train else cfg.val_size) or (8192 if train else 2048)
+    g = torch.Generator().manual_seed(cfg.seed)
+    coarse = torch.randn(cfg.num_classes, cfg.channels, 7, 7, generator=g)
+    prototypes = torch.nn.functional.interpolate(
+        coarse, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False
+    )
+    g.manual_seed(cfg.seed + (1 if train else 2))  # train and val differ, prototypes do not
+    labels = torch.randint(cfg.num_classes, (n,), generator=g)
+    noise = torch.randn(n, cfg.channels, cfg.image_size, cfg.image_size, generator=g)
+    return Split(prototypes[labels] + cfg.noise * noise, labels)
+
+
+def normalised(split: Split, cfg: DataConfig) -> torch.Tensor:
+    """Images as float32 in one bulk operation: uint8 -> [0, 1] -> (x - mean) / std."""
+    images = split.images
+    if images.dtype == torch.uint8:
+        images = images.float().div_(255.0)
+    return images.sub(cfg.mean).div_(cfg.std)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+class MemoryBatches:
+    """Batches drawn by index from tensors on the device, with DistributedSampler semantics."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, sampler: DistributedSampler, batch_size: int):
+        self.x, self.y, self.sampler, self.batch_size = x, y, sampler, batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def indices(self) -> torch.Tensor:
+        """This rank's example indices for the current epoch, in order."""
+        return torch.tensor(list(self.sampler), dtype=torch.long)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.sampler.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        idx = self.indices().to(self.x.device, non_blocking=True)
+        stop = len(self) * self.batch_size if self.sampler.drop_last else len(idx)
+        for start in range(0, stop, self.batch_size):
+            batch = idx[start:start + self.batch_size]
+            yield self.x.index_select(0, batch), self.y.index_select(0, batch)
+
+
+class LoaderBatches:
+    """The textbook path: DataLoader + DistributedSampler + per-sample transforms."""
+
+    def __init__(self, dataset: Dataset, sampler: DistributedSampler, cfg: DataConfig, pin: bool):
+        self.sampler = sampler
+        self.loader = DataLoader(
+            dataset,
+            batch_size=cfg.batch_size,
+            sampler=sampler,
+            num_workers=cfg.num_workers,
+            pin_memory=pin,
+            drop_last=cfg.drop_last,
+            persistent_workers=cfg.num_workers > 0,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def indices(self) -> torch.Tensor:
+        return torch.tensor(list(self.sampler), dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+class ImageDataset(Dataset):
+    """uint8 images served one at a time through PIL and torchvision transforms,
+    exactly as torchvision's MNIST-style data sets do."""
+
+    def __init__(self, split: Split, cfg: DataConfig):
+        import torchvision.transforms as T
+
+        self.split = split
+        self.transform = T.Compose([T.ToTensor(), T.Normalize((cfg.mean,) * cfg.channels, (cfg.std,) * cfg.channels)])
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        image = self.split.images[i]
+        if image.dtype != torch.uint8:  # synthetic data is already float and normalised
+            return image, int(self.split.labels[i])
+        pil = Image.fromarray(image.squeeze(0).numpy(), mode="L")
+        return self.transform(pil), int(self.split.labels[i])
+
+
+@dataclass
+class DataBundle:
+    """What the training loop reads: training batches and this rank's validation shard."""
+
+    train: MemoryBatches | LoaderBatches
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    train_size: int
+    val_size: int
+
+
+def build_data(cfg: DataConfig, rank: int, world_size: int, seed: int, device: torch.device) -> DataBundle:
+    """Load both splits and shard them for this rank."""
+    train, val = load_split(cfg, train=True), load_split(cfg, train=False)
+    sampler = DistributedSampler(
+        range(len(train)), num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
+        drop_last=cfg.drop_last,
+    )
+    if cfg.loader == "memory":
+        batches = MemoryBatches(
+            normalised(train, cfg).to(device), train.labels.to(device), sampler, cfg.batch_size
+        )
+    else:
+        batches = LoaderBatches(ImageDataset(train, cfg), sampler, cfg, pin=device.type == "cuda")
+    # Validation: no padding, every example on exactly one rank.
+    shard = slice(rank, None, world_size)
+    val_x = normalised(Split(val.images[shard], val.labels[shard]), cfg).to(device)
+    return DataBundle(batches, val_x, val.labels[shard].to(device), len(train), len(val))

@@ -1,0 +1,317 @@
+"""All distributed plumbing: who launched us, who am I, the process group, rank-0 output.
+
+No other module reads RANK/SLURM_* or calls `init_process_group`. Three launchers:
+
+- spawn: the Hydra job process starts `num_gpus` workers with `torch.multiprocessing.spawn`
+  and hosts the rendezvous store (node 0), so the port it picked cannot be taken by
+  someone else between picking and using it;
+- torchrun: every process is already a worker; RANK, LOCAL_RANK, WORLD_SIZE, ... are set;
+- slurm: every task is a worker (srun or submitit); SLURM_PROCID, SLURM_LOCALID, ...
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddpscale.config import ConfigError, DistributedConfig
+
+log = logging.getLogger("ddpscale")
+
+SPAWN, TORCHRUN, SLURM = "spawn", "torchrun", "slurm"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one worker sits in the world."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_id: int
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the workers of one run meet."""
+
+    addr: str
+    port: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a worker needs to know about itself once the process group is up."""
+
+    placement: Placement
+    device: torch.device
+    backend: str
+    launcher: str
+
+    @property
+    def rank(self) -> int:
+        return self.placement.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.placement.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.placement.is_main
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+def detect_launcher(env: Mapping[str, str] = os.environ) -> str:
+    """spawn, torchrun or slurm, from the environment this process started in."""
+    if "TORCHELASTIC_RUN_ID" in env or {"RANK", "LOCAL_RANK", "WORLD_SIZE"} <= env.keys():
+        return TORCHRUN
+    if "SUBMITIT_EXECUTOR" in env or int(env.get("SLURM_NTASKS", "1") or 1) > 1:
+        if "SLURM_PROCID" in env or "SUBMITIT_LOCAL_JOB_ID" in env:
+            return SLURM
+    return SPAWN
+
+
+def launched_placement(launcher: str, env: Mapping[str, str] = os.environ) -> Placement:
+    """This process's placement under torchrun or SLURM (each process is one worker)."""
+    if launcher == TORCHRUN:
+        world = int(env["WORLD_SIZE"])
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        return Placement(
+            rank=int(env["RANK"]),
+            local_rank=int(env["LOCAL_RANK"]),
+            world_size=world,
+            local_world_size=local_world,
+            node_id=int(env.get("GROUP_RANK", int(env["RANK"]) // local_world)),
+        )
+    if launcher == SLURM:
+        rank, local_rank, world, node = _slurm_ids(env)
+        return Placement(rank, local_rank, world, max(1, world // _slurm_nodes(env)), node)
+    raise ValueError(f"no placement in the environment for launcher {launcher!r}")
+
+
+def _slurm_ids(env: Mapping[str, str]) -> tuple[int, int, int, int]:
+    if "SLURM_PROCID" in env:
+        return (
+            int(env["SLURM_PROCID"]),
+            int(env["SLURM_LOCALID"]),
+            int(env["SLURM_NTASKS"]),
+            int(env["SLURM_NODEID"]),
+        )
+    import submitit  # submitit's local executor sets its own variables
+
+    job = submitit.JobEnvironment()
+    return job.global_rank, job.local_rank, job.num_tasks, job.node
+
+
+def _slurm_nodes(env: Mapping[str, str]) -> int:
+    if "SLURM_JOB_NUM_NODES" in env:
+        return int(env["SLURM_JOB_NUM_NODES"])
+    if "SLURM_NNODES" in env:
+        return int(env["SLURM_NNODES"])
+    import submitit
+
+    return submitit.JobEnvironment().num_nodes
+
+
+def slurm_master_addr(env: Mapping[str, str] = os.environ) -> str:
+    """Host name of the first node of this SLURM job (or localhost for local jobs)."""
+    if "SUBMITIT_LOCAL_JOB_ID" in env and "SLURM_JOB_NODELIST" not in env:
+        return "127.0.0.1"
+    import submitit
+
+    return submitit.JobEnvironment().hostnames[0]
+
+
+def spawn_placement(local_rank: int, d: DistributedConfig) -> Placement:
+    """Placement of worker `local_rank` started by spawn on node `d.node_id`."""
+    return Placement(
+        rank=d.node_id * d.num_gpus + local_rank,
+        local_rank=local_rank,
+        world_size=d.num_nodes * d.num_gpus,
+        local_world_size=d.num_gpus,
+        node_id=d.node_id,
+    )
+
+
+# --------------------------------------------------------------------------- device
+
+
+def resolve_device(d: DistributedConfig, notice=log.info) -> tuple[str, str]:
+    """(device type, backend) for this config; raise ConfigError before any worker starts."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if d.device == "cuda" and gpus < d.num_gpus:
+        fix = f"use distributed.num_gpus<={gpus} or distributed.device=cpu" if gpus else (
+            "use distributed.device=cpu (or auto)")
+        raise ConfigError(
+            f"distributed.num_gpus={d.num_gpus} with distributed.device=cuda but "
+            f"{gpus} CUDA devices are visible; {fix}"
+        )
+    if d.device == "auto":
+        device = "cuda" if gpus >= d.num_gpus else "cpu"
+        if device == "cpu":
+            why = "no CUDA device is visible" if not gpus else f"only {gpus} CUDA devices"
+            notice(
+                f"notice: {why}; running {d.num_gpus} CPU worker process(es) per node "
+                "with gloo (distributed.device=auto)"
+            )
+    else:
+        device = d.device
+    if d.backend == "nccl" and device != "cuda":
+        raise ConfigError(
+            "distributed.backend=nccl needs CUDA devices but this run uses the CPU; "
+            "use distributed.backend=gloo (or auto)"
+        )
+    backend = d.backend if d.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+    return device, backend
+
+
+def cpu_threads(local_world_size: int, requested: int | None = None) -> int:
+    """This worker's share of the cores it may run on (never oversubscribes)."""
+    if requested:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // local_world_size)
+
+
+def device_names(device: torch.device) -> list[str]:
+    """Names of the devices this run trains on, for run.json."""
+    if device.type == "cuda":
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = "cpu"
+    return [f"{model} ({os.cpu_count()} logical cores)"]
+
+
+def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -> DDP:
+    """DDP around the model; it broadcasts rank 0's weights so replicas start identical."""
+    return DDP(
+        model,
+        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        bucket_cap_mb=d.bucket_cap_mb,
+        gradient_as_bucket_view=d.gradient_as_bucket_view,
+        static_graph=d.static_graph,
+    )
+
+
+# --------------------------------------------------------------------------- rendezvous
+
+
+def host_store(addr: str, port: int | None, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """Start the rendezvous store in the job process of node 0; port None picks a free one."""
+    try:
+        return dist.TCPStore(
+            addr if addr not in ("localhost",) else "127.0.0.1",
+            port or 0,
+            world_size=None,
+            is_master=True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+    except Exception as err:  # the port is taken or the address is not ours
+        raise ConfigError(
+            f"cannot listen for the rendezvous on {addr}:{port}: {err}; "
+            "choose another distributed.master_port (or unset it on one node)"
+        ) from err
+
+
+@contextmanager
+def process_group(
+    placement: Placement, backend: str, rendezvous: Rendezvous | None, hosts_store: bool = False
+) -> Iterator[None]:
+    """Join the process group for the body of the block; always destroy it afterwards."""
+    timeout = timedelta(seconds=rendezvous.timeout_s if rendezvous else 300)
+    where = f"{rendezvous.addr}:{rendezvous.port}" if rendezvous else "env://"
+    try:
+        if rendezvous is None:  # torchrun: its agent already set MASTER_ADDR/PORT
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            store = dist.TCPStore(
+                rendezvous.addr,
+                rendezvous.port,
+                world_size=placement.world_size if hosts_store else None,
+                is_master=hosts_store,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=placement.rank,
+                world_size=placement.world_size,
+                timeout=timeout,
+            )
+        # Everyone must have arrived before training starts; with a store-based init a
+        # missing node is only noticed here, so give it the same deadline.
+        dist.barrier()
+    except Exception as err:
+        raise RuntimeError(
+            f"rank {placement.rank}: rendezvous at distributed.master_addr:master_port = {where} "
+            f"failed within distributed.timeout_s={timeout.total_seconds():g}: "
+            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}. "
+            f"Check that all {placement.num_nodes} node(s) were started with the same "
+            "master_addr/master_port and that node 0 is reachable from the others."
+        ) from err
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, so no worker is orphaned."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (only for tests and torchrun hints)."""
+    with socket.socket() as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- rank-0 output
+
+
+class RankZeroLog:
+    """Log lines from global rank 0 only; warnings and errors from every rank, tagged."""
+
+    def __init__(self, rank: int, logger: logging.Logger = log):
+        self.rank, self.logger = rank, logger
+
+    def info(self, msg: str, *args) -> None:
+        if self.rank == 0:
+            self.logger.info(msg, *args)
+
+    def warning(self, msg: str, *args) -> None:
+        self.logger.warning(f"[rank {self.rank}] {msg}", *args)

@@ -1,0 +1,291 @@
+"""From a composed config to finished workers: validate, prepare, start, record the outcome.
+
+Under spawn the Hydra job process never touches CUDA: it validates, downloads the data
+once, hosts the rendezvous store on node 0, starts `num_gpus` workers and waits. Under
+torchrun or SLURM this process is itself a worker and runs the body in place. Whichever
+process holds global rank 0 keeps `run.json` up to date.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ddpscale import data as data_lib
+from ddpscale import distributed as ddist
+from ddpscale.config import Config, ConfigError, as_dict, to_config, validate
+from ddpscale.results import RunRecord
+
+log = logging.getLogger("ddpscale")
+
+# worker body: (context, config, output directory) -> summary dict for run.json (rank 0)
+WorkerFn = Callable[[ddist.WorkerContext, Config, Path], dict[str, Any]]
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the run."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended; the Hydra job returns it so the sweep summary can count it."""
+
+    status: str  # completed | failed | interrupted
+    error: str | None = None
+    exit_code: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a spawned worker needs: plain, picklable, resolved once."""
+
+    cfg: Config
+    out_dir: str
+    device: str
+    backend: str
+    launcher: str
+    rendezvous: ddist.Rendezvous | None
+
+
+def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]) -> Outcome:
+    """Run one training job to its end and return its outcome; never hangs."""
+    launcher = ddist.detect_launcher()
+    placement = None if launcher == ddist.SPAWN else ddist.launched_placement(launcher)
+    holds_rank0 = placement.is_main if placement else _node_id(raw_cfg) == 0
+    record = RunRecord(out_dir) if holds_rank0 else None
+    try:
+        cfg = _typed_config(raw_cfg, placement)
+        if record:
+            record.start(overrides=overrides, config=as_dict(cfg), launcher=launcher,
+                         output_dir=str(out_dir), world_size=_world(cfg))
+        validate(cfg)
+        device, backend = ddist.resolve_device(cfg.distributed)
+        if cfg.train.precision == "fp16" and device != "cuda":
+            raise ConfigError("train.precision=fp16 needs CUDA; use train.precision=bf16 on the CPU")
+        if launcher == ddist.SPAWN:
+            data_lib.prepare(cfg.data)
+            summary = _spawn(cfg, worker, out_dir, device, backend)
+        else:
+            summary = _in_place(cfg, worker, out_dir, device, backend, launcher, placement)
+    except ConfigError as err:
+        log.error("error: %s", err)
+        return _finish(record, Outcome("failed", str(err), exit_code=2))
+    except Interrupted as err:
+        log.error("run interrupted (%s); finished epochs are kept in %s", err, out_dir)
+        _finish(record, Outcome("interrupted", str(err), exit_code=128 + err.signum))
+        raise SystemExit(128 + err.signum)
+    except Exception as err:  # a worker failed: record why, let the sweep go on
+        message = _failure_message(err)
+        log.error("run failed: %s", message)
+        if record:
+            record.update(traceback=_traceback_text(err))
+        return _finish(record, Outcome("failed", message, exit_code=1))
+    if record:
+        record.update(**summary)
+    return _finish(record, Outcome("completed"))
+
+
+def _finish(record: RunRecord | None, outcome: Outcome) -> Outcome:
+    if record:
+        record.finish(outcome.status, outcome.error)
+    return outcome
+
+
+def _node_id(raw_cfg: Any) -> int:
+    try:
+        return int(raw_cfg.distributed.node_id)
+    except (AttributeError, TypeError, ValueError):
+        return 0
+
+
+def _world(cfg: Config) -> int:
+    return cfg.distributed.num_nodes * cfg.distributed.num_gpus
+
+
+def _typed_config(raw_cfg: Any, placement: ddist.Placement | None) -> Config:
+    """Typed config with absolute data.root; under torchrun/SLURM the world comes from them."""
+    cfg = to_config(raw_cfg)
+    cfg.data.root = str(Path(_original_path(cfg.data.root)).expanduser())
+    if placement is not None:
+        d = cfg.distributed
+        launched = (placement.local_world_size, placement.num_nodes, placement.node_id)
+        if (d.num_gpus, d.num_nodes, d.node_id) != launched and placement.is_main:
+            log.info("notice: the launcher's world (%d process(es) per node x %d node(s)) "
+                     "replaces distributed.num_gpus/num_nodes", launched[0], launched[1])
+        d.num_gpus, d.num_nodes, d.node_id = launched
+    return cfg
+
+
+def _original_path(path: str) -> str:
+    try:
+        from hydra.utils import to_absolute_path
+
+        return to_absolute_path(path)
+    except ValueError:  # outside a Hydra job
+        return os.path.abspath(path)
+
+
+# --------------------------------------------------------------------------- spawn
+
+
+def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: str) -> dict:
+    d = cfg.distributed
+    addr = d.master_addr or "127.0.0.1"
+    # Node 0 hosts the store itself, on a port the OS picks when none is given: nobody can
+    # take the port between choosing it and the workers using it.
+    store = ddist.host_store(addr, d.master_port, _world(cfg), d.timeout_s) if d.node_id == 0 else None
+    port = store.port if store is not None else d.master_port
+    plan = Plan(cfg, str(out_dir), device, backend, ddist.SPAWN, ddist.Rendezvous(addr, port, d.timeout_s))
+    log.info("starting %d worker(s) on node %d/%d (%s, %s), rendezvous %s:%d",
+             d.num_gpus, d.node_id, d.num_nodes, device, backend, addr, port)
+    summary_file = Path(tempfile.mkstemp(prefix="ddpscale-summary-", suffix=".pt")[1])
+    context = mp.start_processes(_spawn_entry, args=(plan, worker, str(summary_file)),
+                                 nprocs=d.num_gpus, join=False, start_method="spawn")
+    try:
+        with _signals_raise_interrupted():
+            # Short waits keep this process responsive to signals; when one worker dies,
+            # join() terminates the others and raises with the cause.
+            while not context.join(timeout=0.5, grace_period=5):
+                pass
+        return torch.load(summary_file) if summary_file.stat().st_size else {}
+    finally:
+        _stop(context.processes)
+        summary_file.unlink(missing_ok=True)
+        del store
+
+
+def _spawn_entry(local_rank: int, plan: Plan, worker: WorkerFn, summary_file: str) -> None:
+    """First function of every spawned worker."""
+    ddist.die_with_parent()
+    placement = ddist.spawn_placement(local_rank, plan.cfg.distributed)
+    summary = _run_worker(placement, plan, worker, hosts_store=False)
+    if placement.is_main:
+        torch.save(summary, summary_file)
+
+
+def _stop(processes: list) -> None:
+    """Terminate any worker still alive (SIGTERM, then SIGKILL) and reap them all."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+class _signals_raise_interrupted:
+    """Turn SIGINT/SIGTERM into `Interrupted` for the duration of the block."""
+
+    def __enter__(self):
+        def handler(signum, _frame):
+            raise Interrupted(signum)
+
+        self.saved = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def __exit__(self, *exc):
+        for s, previous in self.saved.items():
+            signal.signal(s, previous)
+
+
+# --------------------------------------------------------------------------- torchrun / slurm
+
+
+def _in_place(cfg, worker, out_dir, device, backend, launcher, placement) -> dict:
+    if launcher == ddist.TORCHRUN:
+        rendezvous = None  # torchrun's agent hosts the store (env://)
+    else:
+        d = cfg.distributed
+        port = d.master_port or 20000 + int(os.environ.get("SLURM_JOB_ID", "0") or 0) % 20000
+        rendezvous = ddist.Rendezvous(d.master_addr or ddist.slurm_master_addr(), port, d.timeout_s)
+    plan = Plan(cfg, str(out_dir), device, backend, launcher, rendezvous)
+    with _signals_raise_interrupted():
+        return _run_worker(placement, plan, worker, hosts_store=placement.is_main)
+
+
+# --------------------------------------------------------------------------- every worker
+
+
+def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_store: bool) -> dict:
+    """Set up this worker's device, threads and process group, then run the body."""
+    _configure_worker_logging(placement, plan)
+    if plan.device == "cuda":
+        torch.cuda.set_device(placement.local_rank)
+        device = torch.device("cuda", placement.local_rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(ddist.cpu_threads(placement.local_world_size, plan.cfg.train.threads))
+    ctx = ddist.WorkerContext(placement, device, plan.backend, plan.launcher)
+    with ddist.process_group(placement, plan.backend, plan.rendezvous, hosts_store=hosts_store):
+        out_dir = _agree_on_output_dir(Path(plan.out_dir), placement)
+        if plan.launcher != ddist.SPAWN:
+            _prepare_data_once(plan.cfg, placement)
+        return worker(ctx, plan.cfg, out_dir)
+
+
+def _agree_on_output_dir(out_dir: Path, placement: ddist.Placement) -> Path:
+    """Every rank adopts global rank 0's output directory (Hydra gave each its own)."""
+    shared = [str(out_dir)]
+    dist.broadcast_object_list(shared, src=0)
+    if not placement.is_main and shared[0] != str(out_dir) and out_dir.name.startswith("ddpscale-rank"):
+        shutil.rmtree(out_dir, ignore_errors=True)  # the throwaway dir of a non-zero rank
+    return Path(shared[0])
+
+
+def _prepare_data_once(cfg: Config, placement: ddist.Placement) -> None:
+    """Under torchrun/SLURM: local rank 0 of each node downloads, the others wait."""
+    if placement.local_rank == 0:
+        data_lib.prepare(cfg.data)  # an error here ends this rank, and the launcher the rest
+    dist.barrier()
+
+
+def _configure_worker_logging(placement: ddist.Placement, plan: Plan) -> None:
+    """Spawned workers start with no logging; rank 0 logs to the console and train.log."""
+    root = logging.getLogger()
+    if plan.launcher != ddist.SPAWN:
+        return  # Hydra already configured this process
+    root.setLevel(logging.INFO)
+    fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    console = logging.StreamHandler()
+    console.setFormatter(fmt)
+    root.addHandler(console)
+    if placement.is_main:
+        file_handler = logging.FileHandler(Path(plan.out_dir) / "train.log")
+        file_handler.setFormatter(fmt)
+        root.addHandler(file_handler)
+
+
+def _failure_message(err: BaseException) -> str:
+    """One line that says which worker failed and why."""
+    if isinstance(err, mp.ProcessRaisedException):
+        last = [line for line in str(err).strip().splitlines() if line.strip()][-1]
+        return f"worker {err.error_index} raised {last.strip()}"
+    if isinstance(err, mp.ProcessExitedException):
+        return f"worker {err.error_index} died: {err}"
+    return f"{type(err).__name__}: {err}"
+
+
+def _traceback_text(err: BaseException) -> str:
+    if isinstance(err, mp.ProcessRaisedException):
+        return str(err)
+    return "".join(traceback.format_exception(err))

@@ -1,0 +1,31 @@
+"""Optimizer registry: `optim=<name>` -> a builder taking parameters and the optim config."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from ddpscale.config import AdamWConfig, ConfigError, OptimConfig, SGDConfig
+
+
+def _sgd(params: Iterable[torch.nn.Parameter], cfg: SGDConfig) -> torch.optim.Optimizer:
+    return torch.optim.SGD(
+        params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, weight_decay=cfg.weight_decay
+    )
+
+
+def _adamw(params: Iterable[torch.nn.Parameter], cfg: AdamWConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
+    )
+
+
+OPTIMIZERS: dict[str, Callable] = {"sgd": _sgd, "adamw": _adamw}
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """The optimizer named by `cfg.name` over `params`."""
+    if cfg.name not in OPTIMIZERS:
+        raise ConfigError(f"optim={cfg.name!r} is unknown; valid: {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[cfg.name](params, cfg)

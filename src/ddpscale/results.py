@@ -1,0 +1,184 @@
+"""What a run leaves behind: results.csv (rank 0, one row per epoch) and run.json.
+
+`Reporter` is the one mechanism for rank-0 side effects: the progress bar, log lines and
+results rows go through it, and on every other rank it does nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import platform
+import socket
+import subprocess
+import sys
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+log = logging.getLogger("ddpscale")
+
+RESULTS_FILE, RUN_FILE = "results.csv", "run.json"
+
+# DESIGN.md's contract: these columns exist in this order; more may follow, none renamed.
+REQUIRED_COLUMNS = [
+    "model", "dataset", "optimizer", "num_nodes", "num_gpus", "world_size", "backend", "device",
+    "batch_size", "global_batch_size", "lr", "seed", "epochs",
+    "epoch", "train_loss", "train_acc", "val_loss", "val_acc",
+    "epoch_time_s", "elapsed_s", "images_per_sec",
+]
+EXTRA_COLUMNS = [
+    "warmup", "step_time_p50_s", "step_time_p90_s", "grad_sync_share", "eval_time_s",
+    "train_count", "val_count", "launcher", "precision", "data_loader", "grad_accum_steps",
+]
+COLUMNS = REQUIRED_COLUMNS + EXTRA_COLUMNS
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class ResultsWriter:
+    """Appends one row per epoch and flushes it to disk, so a crash keeps finished epochs."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def append(self, row: dict[str, Any]) -> None:
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
+            if new:
+                writer.writeheader()
+            writer.writerow({k: _cell(row.get(k)) for k in COLUMNS})
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
+
+
+class RunRecord:
+    """run.json: status, error, times, overrides, resolved config, versions, devices, commit."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / RUN_FILE
+
+    def start(self, **fields: Any) -> None:
+        """Write a fresh record with status `running`."""
+        self._write({
+            "status": "running", "error": None, "start_time": now_iso(), "end_time": None,
+            "hostname": socket.gethostname(), "pid": os.getpid(), "git_commit": git_commit(),
+            "versions": versions(), **fields,
+        })
+
+    def update(self, **fields: Any) -> None:
+        """Merge fields into the record."""
+        self._write({**self.read(), **fields})
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        """Mark the run completed, failed or interrupted."""
+        self.update(status=status, error=error, end_time=now_iso())
+
+    def read(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write(self, record: dict[str, Any]) -> None:
+        # Write-then-rename: a reader never sees half a file, even if we die mid-write.
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+        os.replace(tmp, self.path)
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of the libraries that shape the results."""
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("torch", "torchvision", "hydra", "omegaconf", "numpy"):
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                module = __import__(name)
+            except ImportError:
+                module = None
+        found[name] = getattr(module, "__version__", None)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        found["cuda"] = torch.version.cuda
+    from ddpscale import __version__
+
+    found["ddpscale"] = __version__
+    return found
+
+
+def git_commit() -> str | None:
+    """The commit of the ddpscale checkout, when it is one."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def settings_row(cfg: Any, ctx: Any) -> dict[str, Any]:
+    """The run's settings, repeated on every results row (cfg: Config, ctx: WorkerContext)."""
+    p = ctx.placement
+    return {
+        "model": cfg.model.name, "dataset": cfg.data.name, "optimizer": cfg.optim.name,
+        "num_nodes": p.num_nodes, "num_gpus": p.local_world_size, "world_size": p.world_size,
+        "backend": ctx.backend, "device": ctx.device.type, "batch_size": cfg.data.batch_size,
+        "global_batch_size": cfg.data.batch_size * p.world_size, "lr": cfg.optim.lr,
+        "seed": cfg.train.seed, "epochs": cfg.train.epochs, "launcher": ctx.launcher,
+        "precision": cfg.train.precision, "data_loader": cfg.data.loader,
+        "grad_accum_steps": cfg.train.grad_accum_steps,
+    }
+
+
+class Reporter:
+    """Rank-0 output: progress bar, log lines, results rows. Silent on other ranks."""
+
+    def __init__(self, is_main: bool, out_dir: Path | None, settings: dict[str, Any],
+                 epochs: int, show_progress: bool = True):
+        self.is_main, self.settings, self.epochs = is_main, settings, epochs
+        self.show_progress = show_progress and is_main
+        self.writer = ResultsWriter(Path(out_dir) / RESULTS_FILE) if is_main and out_dir else None
+
+    def info(self, msg: str, *args: Any) -> None:
+        if self.is_main:
+            log.info(msg, *args)
+
+    def progress(self, iterable: Iterable, total: int, desc: str) -> Iterable:
+        if not self.show_progress:
+            return iterable
+        from tqdm import tqdm
+
+        # disable=None: a bar on a terminal, nothing in log files and CI output
+        return tqdm(iterable, total=total, desc=desc, unit="batch", leave=False, disable=None)
+
+    def epoch(self, stats: Any, elapsed_s: float) -> None:
+        """Log and append one epoch's row (stats is a trainer.EpochStats)."""
+        if not self.is_main:
+            return
+        row = {**self.settings, **asdict(stats), "elapsed_s": elapsed_s, "warmup": stats.epoch == 1}
+        if self.writer:
+            self.writer.append(row)
+        share = "" if stats.grad_sync_share is None else f"  sync {stats.grad_sync_share:.0%}"
+        log.info(
+            "epoch %d/%d  train_loss %.4f  train_acc %.4f  val_loss %.4f  val_acc %.4f  "
+            "%.1fs  %.0f img/s%s",
+            stats.epoch, self.epochs, stats.train_loss, stats.train_acc, stats.val_loss,
+            stats.val_acc, stats.epoch_time_s, stats.images_per_sec, share,
+        )

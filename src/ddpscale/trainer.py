@@ -1,0 +1,279 @@
+"""The training loop: forward, loss, backward, step; metrics reduced across ranks.
+
+It receives built objects and never reads the config. Timing discipline: ranks meet at
+a barrier before the clock starts, CUDA is synchronised before the clock is read,
+evaluation and the sync probe are outside the timed region, and epoch 1 is marked as
+warm-up (it includes allocator and cuDNN start-up costs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddpscale.data import DataBundle
+from ddpscale.distributed import WorkerContext
+from ddpscale.results import Reporter
+
+
+@dataclass
+class Precision:
+    """Autocast dtype (None: fp32) and gradient scaler (fp16 on CUDA only)."""
+
+    dtype: torch.dtype | None = None
+    scaler: torch.amp.GradScaler | None = None
+
+    def autocast(self, device_type: str):
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type, dtype=self.dtype)
+
+
+def build_precision(name: str, device: torch.device) -> Precision:
+    """fp32, bf16 autocast, or fp16 autocast with a gradient scaler (CUDA)."""
+    if name == "bf16":
+        return Precision(torch.bfloat16)
+    if name == "fp16":
+        return Precision(torch.float16, torch.amp.GradScaler(device.type))
+    return Precision()
+
+
+@dataclass
+class EpochStats:
+    """One epoch's reduced metrics, as they go into results.csv."""
+
+    epoch: int
+    train_loss: float
+    train_acc: float
+    val_loss: float
+    val_acc: float
+    epoch_time_s: float
+    images_per_sec: float
+    step_time_p50_s: float
+    step_time_p90_s: float
+    grad_sync_share: float | None
+    eval_time_s: float
+    train_count: int
+    val_count: int
+
+
+@dataclass
+class Trainer:
+    """Runs epochs of DDP training on one rank; rank 0 reports through `reporter`."""
+
+    model: DDP
+    optimizer: torch.optim.Optimizer
+    data: DataBundle
+    ctx: WorkerContext
+    reporter: Reporter
+    precision: Precision = field(default_factory=Precision)
+    grad_accum_steps: int = 1
+    channels_last: bool = False
+    sync_probe_steps: int = 0
+    loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
+
+    def fit(self, epochs: int) -> list[EpochStats]:
+        """Train for `epochs`, evaluating and reporting after each one."""
+        history, elapsed = [], 0.0
+        for epoch in range(1, epochs + 1):
+            stats = self.train_epoch(epoch)
+            elapsed += stats.epoch_time_s
+            history.append(stats)
+            self.reporter.epoch(stats, elapsed)
+        return history
+
+    # ------------------------------------------------------------------ one epoch
+
+    def train_epoch(self, epoch: int) -> EpochStats:
+        """Train one epoch, then probe sync cost and evaluate (both untimed)."""
+        # Every rank reshuffles with the same seed + epoch and takes a disjoint slice;
+        # without set_epoch each epoch would replay the same order.
+        self.data.train.set_epoch(epoch)
+        self.model.train()
+        device = self.ctx.device
+        totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+        step_times: list[float] = []
+        events = _StepEvents(device)
+        first_batch = None
+        n_batches = len(self.data.train)
+
+        self._synchronize()
+        dist.barrier()  # the clock starts when every rank is ready
+        start = time.perf_counter()
+        batches = self.reporter.progress(self.data.train, total=n_batches, desc=f"epoch {epoch}")
+        for step, (x, y) in enumerate(batches):
+            step_start = time.perf_counter()
+            events.mark()
+            x, y = self._to_device(x, y)
+            if first_batch is None:
+                first_batch = (x, y)
+            boundary = (step + 1) % self.grad_accum_steps == 0 or step + 1 == n_batches
+            logits, loss = self._forward_backward(x, y, sync=boundary)
+            if boundary:
+                self._optimizer_step()
+            with torch.no_grad():
+                totals += torch.stack([
+                    loss.detach().double() * len(y),
+                    (logits.argmax(1) == y).sum().double(),
+                    torch.tensor(float(len(y)), dtype=torch.float64, device=device),
+                ])
+            if device.type != "cuda":  # on CUDA, events time the steps without a sync
+                step_times.append(time.perf_counter() - step_start)
+        events.mark()
+        self._synchronize()
+        local_time = time.perf_counter() - start
+        step_times = events.durations() or step_times
+
+        # Reduce before reporting: the epoch lasts as long as the slowest rank, images/sec
+        # is the sum of every rank's rate, and loss/accuracy cover every rank's examples.
+        timing = torch.tensor([local_time, totals[2].item() / max(local_time, 1e-9)], device=device)
+        epoch_time = timing[:1].clone()
+        dist.all_reduce(epoch_time, op=dist.ReduceOp.MAX)
+        rate = timing[1:].clone()
+        dist.reduce(rate, dst=0, op=dist.ReduceOp.SUM)
+        dist.all_reduce(totals)
+
+        share = self.probe_sync_share(first_batch) if first_batch is not None else None
+        eval_start = time.perf_counter()
+        val_loss, val_acc, val_count = self.evaluate()
+        loss_sum, correct, count = totals.tolist()
+        return EpochStats(
+            epoch=epoch,
+            train_loss=loss_sum / max(count, 1),
+            train_acc=correct / max(count, 1),
+            val_loss=val_loss,
+            val_acc=val_acc,
+            epoch_time_s=epoch_time.item(),
+            images_per_sec=rate.item(),
+            step_time_p50_s=_quantile(step_times, 0.5),
+            step_time_p90_s=_quantile(step_times, 0.9),
+            grad_sync_share=share,
+            eval_time_s=time.perf_counter() - eval_start,
+            train_count=int(count),
+            val_count=val_count,
+        )
+
+    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.to(self.ctx.device, non_blocking=True)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y.to(self.ctx.device, non_blocking=True)
+
+    def _forward_backward(self, x, y, sync: bool):
+        # no_sync on accumulation steps: gradients pile up locally and the all-reduce runs
+        # once, on the boundary step, over the accumulated sum.
+        with (nullcontext() if sync else self.model.no_sync()):
+            with self.precision.autocast(self.ctx.device.type):
+                logits = self.model(x)
+                loss = self.loss_fn(logits, y)
+            scaled = loss / self.grad_accum_steps
+            if self.precision.scaler is not None:
+                scaled = self.precision.scaler.scale(scaled)
+            scaled.backward()
+        return logits, loss
+
+    def _optimizer_step(self) -> None:
+        if self.precision.scaler is not None:
+            self.precision.scaler.step(self.optimizer)
+            self.precision.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _synchronize(self) -> None:
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+
+    # ------------------------------------------------------------------ measurement
+
+    def probe_sync_share(self, batch) -> float | None:
+        """Share of a step spent on gradient sync: time steps with and without all-reduce.
+
+        The probe runs forward/backward on one batch `sync_probe_steps` times each way and
+        discards the gradients, the RNG draws and any BatchNorm statistics it touched, so
+        training is the same with or without it.
+        """
+        if self.sync_probe_steps <= 0:
+            return None
+        x, y = batch
+        buffers = [b.detach().clone() for b in self.model.module.buffers()]
+        devices = [self.ctx.device] if self.ctx.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            timings = {}
+            for sync in (True, False, True, False):  # interleaved, to share any drift
+                for _ in range(self.sync_probe_steps):
+                    self._synchronize()
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    self._forward_backward(x, y, sync=sync)
+                    self._synchronize()
+                    timings.setdefault(sync, []).append(time.perf_counter() - t0)
+                    self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for b, saved in zip(self.model.module.buffers(), buffers):
+                b.copy_(saved)
+        with_sync, without = statistics.median(timings[True]), statistics.median(timings[False])
+        share = torch.tensor([max(0.0, 1.0 - without / with_sync)], device=self.ctx.device)
+        dist.all_reduce(share)  # the mean over ranks
+        return share.item() / self.ctx.world_size
+
+    @torch.no_grad()
+    def evaluate(self, chunk: int = 1000) -> tuple[float, float, int]:
+        """Loss, accuracy and count over the whole validation set (each example once)."""
+        model = self.model.module
+        # BatchNorm statistics drift apart in the last forward of each rank; evaluate with
+        # rank 0's so every shard is judged by the same model.
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
+        model.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
+        x_all, y_all = self.data.val_x, self.data.val_y
+        for start in range(0, len(y_all), chunk):
+            x, y = self._to_device(x_all[start:start + chunk], y_all[start:start + chunk])
+            with self.precision.autocast(self.ctx.device.type):
+                logits = model(x)
+            loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+            totals += torch.stack([loss.double(), (logits.argmax(1) == y).sum().double(),
+                                   torch.tensor(float(len(y)), dtype=torch.float64, device=x.device)])
+        dist.all_reduce(totals)  # sum the counts, never average per-rank averages
+        loss_sum, correct, count = totals.tolist()
+        return loss_sum / max(count, 1), correct / max(count, 1), int(count)
+
+    def replica_checksum(self) -> str:
+        """SHA-1 of this rank's parameters and buffers; equal on every rank when in sync."""
+        digest = hashlib.sha1()
+        for tensor in self.model.module.state_dict().values():
+            digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+class _StepEvents:
+    """CUDA events at step boundaries: step times without a synchronisation per step."""
+
+    def __init__(self, device: torch.device):
+        self.events = [] if device.type == "cuda" else None
+
+    def mark(self) -> None:
+        if self.events is not None:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
+
+    def durations(self) -> list[float]:
+        """Seconds between consecutive marks (call after synchronising)."""
+        if not self.events:
+            return []
+        return [a.elapsed_time(b) / 1000 for a, b in zip(self.events, self.events[1:])]

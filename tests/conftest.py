@@ -1,0 +1,65 @@
+"""Shared helpers: run the real entry point, compose the real configs, find the data."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+# A small, quick synthetic run on 2 CPU workers; tests add their own overrides.
+QUICK = [
+    "data=synthetic", "data.train_size=512", "data.val_size=256", "data.batch_size=32",
+    "train.epochs=2", "train.sync_probe_steps=1", "distributed.timeout_s=60",
+]
+
+
+def fashion_mnist_root() -> Path | None:
+    """A directory holding FashionMNIST/raw/ with the four files, if this machine has one."""
+    for root in (os.environ.get("DDPSCALE_DATA"), REPO / "data", REPO.parent / "shared" / "data"):
+        if root and all(
+            (Path(root) / "FashionMNIST" / "raw" / f"{stem}.gz").exists()
+            or (Path(root) / "FashionMNIST" / "raw" / stem).exists()
+            for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+        ):
+            return Path(root)
+    return None
+
+
+def run_train(*overrides: str, timeout: float = 240, script: str = "train.py",
+              env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python train.py OVERRIDES` from the repository root, as a user would."""
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *overrides],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def read_rows(run_dir: Path) -> list[dict[str, str]]:
+    with (Path(run_dir) / "results.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def read_run(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "run.json").read_text())
+
+
+def output(proc: subprocess.CompletedProcess) -> str:
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def fmnist_root() -> Path:
+    root = fashion_mnist_root()
+    if root is None:
+        pytest.skip("Fashion-MNIST not found under data/ or ../shared/data (CI provides it)")
+    return root

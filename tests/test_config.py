@@ -1,0 +1,154 @@
+"""Config composition with Hydra's compose API, and every bad input's message."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigAttributeError, ValidationError
+
+from conftest import QUICK, REPO, output, run_train
+from ddpscale.config import (
+    AdamWConfig, CNNConfig, Config, ConfigError, SGDConfig, WideResNetConfig, to_config, validate,
+)
+from ddpscale.sweep import register_resolvers
+
+register_resolvers()
+
+
+def composed(*overrides: str) -> Config:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return to_config(compose("config", overrides=list(overrides)))
+
+
+def test_defaults_are_cnn_fashion_mnist_sgd_one_worker():
+    cfg = composed()
+    assert isinstance(cfg.model, CNNConfig) and isinstance(cfg.optim, SGDConfig)
+    assert (cfg.data.name, cfg.distributed.num_gpus, cfg.train.epochs) == ("fashion_mnist", 1, 3)
+    validate(cfg)
+
+
+@pytest.mark.parametrize("group,option,schema", [
+    ("model", "cnn", CNNConfig), ("model", "wide_resnet", WideResNetConfig),
+    ("optim", "sgd", SGDConfig), ("optim", "adamw", AdamWConfig),
+])
+def test_every_group_option_composes_to_its_schema(group, option, schema):
+    cfg = composed(f"{group}={option}")
+    assert isinstance(getattr(cfg, group), schema)
+    validate(cfg)
+
+
+@pytest.mark.parametrize("option", ["fashion_mnist", "mnist", "synthetic"])
+def test_every_data_option_composes(option):
+    cfg = composed(f"data={option}")
+    assert cfg.data.name == option
+    validate(cfg)
+
+
+@pytest.mark.parametrize("override,path,expected", [
+    ("data.root=/somewhere", "data.root", "/somewhere"),
+    ("data.download=false", "data.download", False),
+    ("data.batch_size=128", "data.batch_size", 128),
+    ("data.train_size=1000", "data.train_size", 1000),
+    ("data.val_size=200", "data.val_size", 200),
+    ("data.num_workers=2", "data.num_workers", 2),
+    ("optim.lr=0.05", "optim.lr", 0.05),
+    ("optim.momentum=0.5", "optim.momentum", 0.5),
+    ("optim.weight_decay=0.0005", "optim.weight_decay", 0.0005),
+    ("distributed.num_gpus=4", "distributed.num_gpus", 4),
+    ("distributed.num_nodes=2", "distributed.num_nodes", 2),
+    ("distributed.node_id=1", "distributed.node_id", 1),
+    ("distributed.master_addr=10.0.0.1", "distributed.master_addr", "10.0.0.1"),
+    ("distributed.master_port=29500", "distributed.master_port", 29500),
+    ("distributed.backend=gloo", "distributed.backend", "gloo"),
+    ("distributed.device=cpu", "distributed.device", "cpu"),
+    ("train.epochs=7", "train.epochs", 7),
+    ("train.seed=42", "train.seed", 42),
+])
+def test_every_documented_key_lands_where_it_should(override, path, expected):
+    cfg = composed(override)
+    group, key = path.split(".")
+    assert getattr(getattr(cfg, group), key) == expected
+
+
+def test_model_options_read_shape_from_data():
+    cfg = composed("model=wide_resnet", "model.depth=10", "model.width=2", "data=synthetic",
+                   "data.channels=3", "data.image_size=32", "data.num_classes=5")
+    import torch
+
+    from ddpscale.models import build_model
+
+    net = build_model(cfg.model, cfg.data)
+    assert net(torch.zeros(2, 3, 32, 32)).shape == (2, 5)
+
+
+@pytest.mark.parametrize("overrides,error", [
+    (["optim.lrr=0.1"], "lrr"),
+    (["distributed.num_gpus=two"], "num_gpus"),
+    (["model=resnet9000"], "resnet9000"),
+    (["train.epochs=1.5"], "epochs"),
+])
+def test_typos_and_wrong_types_fail_at_compose_time(overrides, error):
+    with pytest.raises((ConfigCompositionException, ValidationError, ConfigAttributeError), match=error):
+        composed(*overrides)
+
+
+@pytest.mark.parametrize("overrides,error", [
+    (["distributed.num_gpus=0"], "distributed.num_gpus=0 must be >= 1"),
+    (["distributed.num_gpus=-1"], "distributed.num_gpus=-1 must be >= 1"),
+    (["data.batch_size=0"], "data.batch_size=0 must be >= 1"),
+    (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
+    (["optim.lr=-0.1"], "optim.lr=-0.1 must be > 0"),
+    (["train.epochs=0"], "train.epochs=0 must be >= 1"),
+    (["distributed.num_nodes=2", "distributed.node_id=2"], "node_id=2 but distributed.num_nodes=2"),
+    (["distributed.num_nodes=2", "distributed.node_id=1"], "needs distributed.master_addr"),
+    (["distributed.num_nodes=2", "distributed.master_addr=h"], "needs distributed.master_port"),
+    (["model=wide_resnet", "model.depth=12"], "model.depth=12 must be 6n\\+4"),
+    (["data.loader=fast"], "data.loader='fast' is not one of memory, dataloader"),
+    (["optim=adamw", "optim.beta2=1.0"], "optim.beta2=1.0 must be in"),
+])
+def test_bad_values_name_the_key(overrides, error):
+    with pytest.raises(ConfigError, match=error):
+        validate(composed(*overrides))
+
+
+# The same inputs through the real command line: a clear message, non-zero, in seconds,
+# and no worker started.
+@pytest.mark.parametrize("overrides,message", [
+    (["distributed.num_gpus=0"], "distributed.num_gpus=0 must be >= 1"),
+    (["distributed.num_gpus=-1"], "distributed.num_gpus=-1 must be >= 1"),
+    (["distributed.num_gpus=two"], "distributed.num_gpus"),
+    (["data.batch_size=0"], "data.batch_size=0 must be >= 1"),
+    (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
+    (["train.epochs=0"], "train.epochs=0 must be >= 1"),
+    (["model=resnet9000"], "resnet9000"),
+    (["optim.lrr=0.1"], "lrr"),
+    (["distributed.num_nodes=2", "distributed.node_id=3"], "distributed.node_id=3"),
+    (["distributed.num_nodes=2", "distributed.node_id=1"], "distributed.master_addr"),
+    (["distributed.backend=nccl", "distributed.device=cpu"], "distributed.backend=nccl needs CUDA"),
+    (["distributed.device=cuda"], "CUDA devices are visible"),
+])
+def test_bad_input_on_the_command_line_fails_fast(tmp_path, overrides, message):
+    start = time.monotonic()
+    proc = run_train(*QUICK, f"hydra.run.dir={tmp_path}/run", *overrides, timeout=60)
+    assert proc.returncode != 0
+    assert message in output(proc)
+    assert "starting" not in output(proc)  # no worker was started
+    assert time.monotonic() - start < 30
+
+
+def test_missing_data_says_where_it_looked_and_how_to_fix(tmp_path):
+    proc = run_train(f"data.root={tmp_path}/nothing", "data.download=false",
+                     f"hydra.run.dir={tmp_path}/run", timeout=60)
+    assert proc.returncode != 0
+    text = output(proc)
+    assert f"{tmp_path}/nothing/FashionMNIST/raw" in text
+    assert "data.download=true" in text and "data=synthetic" in text
+
+
+def test_cfg_job_shows_the_composed_config():
+    proc = run_train("--cfg", "job", "optim.lr=0.05", timeout=60)
+    assert proc.returncode == 0, output(proc)
+    assert "lr: 0.05" in proc.stdout and "num_gpus: 1" in proc.stdout
