@@ -60,7 +60,8 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
             "devices": device_names(ctx.device)}
 
 
-@hydra.main(version_base=None, config_path="conf", config_name="config")
+@hydra.main(version_base=None, config_path=str(Path(__file__).resolve().parent / "conf"),
+            config_name="config")
 def main(cfg: DictConfig):
     """Validate the composed config, run the workers, report how it ended."""
     hydra_cfg = HydraConfig.get()

@@ -204,6 +204,9 @@ class LoaderBatches:
             pin_memory=pin,
             drop_last=cfg.drop_last,
             persistent_workers=cfg.num_workers > 0,
+            # Its own generator: starting an epoch would otherwise draw from the global
+            # RNG and shift every dropout mask, so the two read paths would diverge.
+            generator=torch.Generator().manual_seed(sampler.seed),
         )
 
     def set_epoch(self, epoch: int) -> None:

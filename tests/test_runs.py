@@ -1,0 +1,87 @@
+"""Whole runs as a user starts them: a multirun, two nodes over loopback, a crashing worker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import QUICK, REPO, output, read_rows, read_run, run_train
+from ddpscale.distributed import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def test_multirun_gives_one_complete_run_per_job(tmp_path):
+    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1,2",
+                     f"hydra.sweep.dir={tmp_path}", "-m")
+    assert proc.returncode == 0, output(proc)
+    runs = sorted(p.parent for p in tmp_path.rglob("results.csv"))
+    assert [p.name for p in runs] == ["0", "1"]
+    assert [read_rows(p)[0]["world_size"] for p in runs] == ["1", "2"]
+    assert all(read_run(p)["status"] == "completed" for p in runs)
+    assert "2 run(s), 2 completed" in output(proc)
+
+
+def test_two_nodes_over_loopback_form_one_world_of_four(tmp_path):
+    port = free_port()
+    common = [*QUICK, "train.epochs=1", "distributed.num_gpus=2", "distributed.num_nodes=2",
+              "distributed.master_addr=127.0.0.1", f"distributed.master_port={port}"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "train.py", *common, f"distributed.node_id={k}",
+             f"hydra.run.dir={tmp_path}/node{k}"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for k in (1, 0)  # node 1 first: it waits for node 0's store
+    ]
+    logs = [n.communicate(timeout=240)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], logs
+    rows = read_rows(tmp_path / "node0")
+    assert (rows[0]["world_size"], rows[0]["num_nodes"], rows[0]["num_gpus"]) == ("4", "2", "2")
+    assert rows[0]["global_batch_size"] == str(32 * 4)
+    assert int(rows[0]["val_count"]) == 256
+    assert read_run(tmp_path / "node0")["replicas_identical"]
+    # Only global rank 0 writes results.
+    assert not (tmp_path / "node1" / "results.csv").exists()
+    assert not (tmp_path / "node1" / "run.json").exists()
+
+
+def test_missing_node_fails_after_timeout_naming_the_rendezvous(tmp_path):
+    port = free_port()
+    start = time.monotonic()
+    proc = run_train(*QUICK, "distributed.num_gpus=1", "distributed.num_nodes=2",
+                     "distributed.master_addr=127.0.0.1", f"distributed.master_port={port}",
+                     "distributed.timeout_s=5", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 60
+    run = read_run(tmp_path)
+    assert run["status"] == "failed"
+    assert f"127.0.0.1:{port}" in run["error"] and "master_addr" in run["error"]
+
+
+def test_a_crashing_worker_ends_the_run_marked_failed(tmp_path):
+    start = time.monotonic()
+    proc = run_train(*QUICK, "model.name=crashing_cnn", "distributed.num_gpus=2", "train.sync_probe_steps=0",
+                     "train.epochs=3", f"hydra.run.dir={tmp_path}", script="tests/crashing_train.py",
+                     env={"CRASH_EPOCH": "2", "CRASH_STEPS_PER_EPOCH": "8"})
+    assert proc.returncode == 1, output(proc)
+    assert time.monotonic() - start < 60
+    run = read_run(tmp_path)
+    assert run["status"] == "failed"
+    assert "injected failure on rank 1" in run["error"]
+    assert [r["epoch"] for r in read_rows(tmp_path)] == ["1"], "the finished epoch is kept"
+
+
+def test_a_failed_job_does_not_stop_the_sweep(tmp_path):
+    proc = run_train(*QUICK, "train.epochs=1", "model.name=crashing_cnn,cnn",
+                     "distributed.num_gpus=2", f"hydra.sweep.dir={tmp_path}", "-m",
+                     script="tests/crashing_train.py")
+    assert proc.returncode == 1
+    text = output(proc)
+    assert "1 of 2 run(s) did not complete" in text and "model.name=crashing_cnn" in text
+    failed, done = read_run(tmp_path / "0"), read_run(tmp_path / "1")
+    assert failed["status"] == "failed" and done["status"] == "completed"
+    assert len(read_rows(tmp_path / "1")) == 1
