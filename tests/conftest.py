@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 # A small, quick synthetic run on 2 CPU workers; tests add their own overrides.
 QUICK = [
-    "data=synthetic", "data.train_size=512", "data.val_size=256", "data.batch_size=32",
+    "data=synthetic", "data.train_size=512", "data.val_size=256", "data.batch_size=32", "data.noise=2.0",
     "train.epochs=2", "train.sync_probe_steps=1", "distributed.timeout_s=60",
 ]
 

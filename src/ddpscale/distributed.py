@@ -87,13 +87,31 @@ class WorkerContext:
 
 
 def detect_launcher(env: Mapping[str, str] = os.environ) -> str:
-    """spawn, torchrun or slurm, from the environment this process started in."""
+    """spawn, torchrun or slurm, from the environment this process started in.
+
+    SLURM (srun, or submitit's local executor, which mimics it) counts only when the job
+    has several tasks; one task runs spawn mode, which starts the workers itself.
+    """
     if "TORCHELASTIC_RUN_ID" in env or {"RANK", "LOCAL_RANK", "WORLD_SIZE"} <= env.keys():
         return TORCHRUN
-    if "SUBMITIT_EXECUTOR" in env or int(env.get("SLURM_NTASKS", "1") or 1) > 1:
-        if "SLURM_PROCID" in env or "SUBMITIT_LOCAL_JOB_ID" in env:
-            return SLURM
+    if int(_slurm_var(env, "NTASKS") or 1) > 1 and _slurm_var(env, "PROCID") is not None:
+        return SLURM
     return SPAWN
+
+
+# SLURM's variables and their submitit-local twins.
+_SLURM_VARS = {
+    "PROCID": ("SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID"),
+    "LOCALID": ("SLURM_LOCALID", "SUBMITIT_LOCAL_LOCALID"),
+    "NTASKS": ("SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS"),
+    "NODEID": ("SLURM_NODEID", "SUBMITIT_LOCAL_NODEID"),
+    "NNODES": ("SLURM_JOB_NUM_NODES", "SUBMITIT_LOCAL_JOB_NUM_NODES"),
+    "JOB_ID": ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID"),
+}
+
+
+def _slurm_var(env: Mapping[str, str], name: str) -> str | None:
+    return next((env[k] for k in _SLURM_VARS[name] if env.get(k)), None)
 
 
 def launched_placement(launcher: str, env: Mapping[str, str] = os.environ) -> Placement:
@@ -109,42 +127,41 @@ def launched_placement(launcher: str, env: Mapping[str, str] = os.environ) -> Pl
             node_id=int(env.get("GROUP_RANK", int(env["RANK"]) // local_world)),
         )
     if launcher == SLURM:
-        rank, local_rank, world, node = _slurm_ids(env)
-        return Placement(rank, local_rank, world, max(1, world // _slurm_nodes(env)), node)
+        world, nodes = int(_slurm_var(env, "NTASKS")), int(_slurm_var(env, "NNODES") or 1)
+        return Placement(
+            rank=int(_slurm_var(env, "PROCID")),
+            local_rank=int(_slurm_var(env, "LOCALID")),
+            world_size=world,
+            local_world_size=world // nodes,
+            node_id=int(_slurm_var(env, "NODEID") or 0),
+        )
     raise ValueError(f"no placement in the environment for launcher {launcher!r}")
 
 
-def _slurm_ids(env: Mapping[str, str]) -> tuple[int, int, int, int]:
-    if "SLURM_PROCID" in env:
-        return (
-            int(env["SLURM_PROCID"]),
-            int(env["SLURM_LOCALID"]),
-            int(env["SLURM_NTASKS"]),
-            int(env["SLURM_NODEID"]),
-        )
-    import submitit  # submitit's local executor sets its own variables
-
-    job = submitit.JobEnvironment()
-    return job.global_rank, job.local_rank, job.num_tasks, job.node
+def slurm_rendezvous(d: DistributedConfig, env: Mapping[str, str] = os.environ) -> Rendezvous:
+    """Node 0's host and a port every task derives alike from the job id."""
+    addr = d.master_addr
+    if not addr:
+        nodelist = env.get("SLURM_JOB_NODELIST")
+        addr = _first_host(nodelist) if nodelist else "127.0.0.1"  # submitit local: one host
+    port = d.master_port or 20000 + int(_slurm_var(env, "JOB_ID") or 0) % 20000
+    return Rendezvous(addr, port, d.timeout_s)
 
 
-def _slurm_nodes(env: Mapping[str, str]) -> int:
-    if "SLURM_JOB_NUM_NODES" in env:
-        return int(env["SLURM_JOB_NUM_NODES"])
-    if "SLURM_NNODES" in env:
-        return int(env["SLURM_NNODES"])
-    import submitit
+def _first_host(nodelist: str) -> str:
+    """First host of a SLURM node list such as 'gpu[03-05,09],login1' (via scontrol)."""
+    import subprocess
 
-    return submitit.JobEnvironment().num_nodes
-
-
-def slurm_master_addr(env: Mapping[str, str] = os.environ) -> str:
-    """Host name of the first node of this SLURM job (or localhost for local jobs)."""
-    if "SUBMITIT_LOCAL_JOB_ID" in env and "SLURM_JOB_NODELIST" not in env:
-        return "127.0.0.1"
-    import submitit
-
-    return submitit.JobEnvironment().hostnames[0]
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist],
+                             capture_output=True, text=True, timeout=30, check=True)
+        return out.stdout.split()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        head = nodelist.split(",")[0]
+        if "[" in head:  # 'gpu[03-05]' -> 'gpu03'
+            prefix, rest = head.split("[", 1)
+            return prefix + rest.split("-")[0].split(",")[0].rstrip("]")
+        return head
 
 
 def spawn_placement(local_rank: int, d: DistributedConfig) -> Placement:

@@ -78,7 +78,7 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
             record.start(overrides=overrides, config=as_dict(cfg), launcher=launcher,
                          output_dir=str(out_dir), world_size=_world(cfg))
         validate(cfg)
-        device, backend = ddist.resolve_device(cfg.distributed)
+        device, backend = ddist.resolve_device(cfg.distributed, notice=log.info if holds_rank0 else _quiet)
         if cfg.train.precision == "fp16" and device != "cuda":
             raise ConfigError("train.precision=fp16 needs CUDA; use train.precision=bf16 on the CPU")
         if launcher == ddist.SPAWN:
@@ -99,9 +99,16 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
         if record:
             record.update(traceback=_traceback_text(err))
         return _finish(record, Outcome("failed", message, exit_code=1))
+    finally:
+        if placement and not placement.is_main and out_dir.name.startswith("ddpscale-rank"):
+            shutil.rmtree(out_dir, ignore_errors=True)  # a non-zero rank's scratch directory
     if record:
         record.update(**summary)
     return _finish(record, Outcome("completed"))
+
+
+def _quiet(*_args: Any) -> None:
+    """Notices come from the process holding global rank 0 only."""
 
 
 def _finish(record: RunRecord | None, outcome: Outcome) -> Outcome:
@@ -128,10 +135,15 @@ def _typed_config(raw_cfg: Any, placement: ddist.Placement | None) -> Config:
     if placement is not None:
         d = cfg.distributed
         launched = (placement.local_world_size, placement.num_nodes, placement.node_id)
-        if (d.num_gpus, d.num_nodes, d.node_id) != launched and placement.is_main:
+        if (d.num_gpus, d.num_nodes) != launched[:2] and placement.is_main:
             log.info("notice: the launcher's world (%d process(es) per node x %d node(s)) "
                      "replaces distributed.num_gpus/num_nodes", launched[0], launched[1])
         d.num_gpus, d.num_nodes, d.node_id = launched
+        if os.environ.get("MASTER_ADDR"):  # torchrun
+            d.master_addr, d.master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        else:  # SLURM: node 0's host and a port derived from the job id
+            rendezvous = ddist.slurm_rendezvous(d)
+            d.master_addr, d.master_port = rendezvous.addr, rendezvous.port
     return cfg
 
 
@@ -212,12 +224,8 @@ class _signals_raise_interrupted:
 
 
 def _in_place(cfg, worker, out_dir, device, backend, launcher, placement) -> dict:
-    if launcher == ddist.TORCHRUN:
-        rendezvous = None  # torchrun's agent hosts the store (env://)
-    else:
-        d = cfg.distributed
-        port = d.master_port or 20000 + int(os.environ.get("SLURM_JOB_ID", "0") or 0) % 20000
-        rendezvous = ddist.Rendezvous(d.master_addr or ddist.slurm_master_addr(), port, d.timeout_s)
+    # torchrun's agent hosts the store (env://); under SLURM global rank 0 hosts it.
+    rendezvous = None if launcher == ddist.TORCHRUN else ddist.slurm_rendezvous(cfg.distributed)
     plan = Plan(cfg, str(out_dir), device, backend, launcher, rendezvous)
     with _signals_raise_interrupted():
         return _run_worker(placement, plan, worker, hosts_store=placement.is_main)
@@ -247,8 +255,6 @@ def _agree_on_output_dir(out_dir: Path, placement: ddist.Placement) -> Path:
     """Every rank adopts global rank 0's output directory (Hydra gave each its own)."""
     shared = [str(out_dir)]
     dist.broadcast_object_list(shared, src=0)
-    if not placement.is_main and shared[0] != str(out_dir) and out_dir.name.startswith("ddpscale-rank"):
-        shutil.rmtree(out_dir, ignore_errors=True)  # the throwaway dir of a non-zero rank
     return Path(shared[0])
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -27,8 +26,11 @@ def claim_dir(base: str) -> str:
     SLURM only global rank 0 claims one; the other ranks get a throwaway directory and
     adopt rank 0's once the process group is up.
     """
-    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID")
-    if rank not in (None, "0") and (os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS")):
+    from ddpscale.distributed import SPAWN, detect_launcher, launched_placement
+
+    launcher = detect_launcher()
+    if launcher != SPAWN and not launched_placement(launcher).is_main:
+        rank = launched_placement(launcher).rank
         return tempfile.mkdtemp(prefix=f"ddpscale-rank{rank}-")
     path = Path(base)
     for i in range(10_000):

@@ -1,0 +1,78 @@
+"""Hydra submitit launchers whose SLURM shape follows each job's `distributed` group.
+
+hydra-submitit-launcher submits a whole sweep with one set of executor parameters, so
+`distributed.num_gpus=1,2,4` would get the same `tasks_per_node` for every job. These
+launchers group the jobs by (num_nodes, num_gpus) and give each group
+`nodes=num_nodes`, `tasks_per_node=num_gpus` and, unless `gpus_per_node` is set,
+`gpus_per_node=num_gpus`: one task per GPU, each task one DDP worker. Every group is
+submitted before any result is awaited. (Hydra only loads launchers from the
+`hydra_plugins` package, hence the location.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, filter_overrides
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+class _ShapedLauncher(BaseSubmititLauncher):
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import submitit
+
+        assert self.config is not None and self.hydra_context is not None
+        groups: dict[tuple[int, int], list[tuple[int, list[str]]]] = defaultdict(list)
+        for offset, overrides in enumerate(job_overrides):
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            shape = (int(cfg.distributed.num_nodes), int(cfg.distributed.num_gpus))
+            groups[shape].append((initial_job_idx + offset, list(overrides)))
+
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        log.info("Submitit '%s' sweep output dir : %s", self._EXECUTOR, sweep_dir)
+        submitted = []
+        for (nodes, gpus), jobs in groups.items():
+            executor = self._executor(nodes, gpus)
+            for idx, overrides in jobs:
+                log.info("\t#%d : %s  (%d node(s) x %d task(s))", idx,
+                         " ".join(filter_overrides(overrides)), nodes, gpus)
+            job_params = [(overrides, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
+                          for idx, overrides in jobs]
+            submitted += executor.map_array(self, *zip(*job_params))
+        return [job.results()[0] for job in submitted]  # task 0 holds global rank 0
+
+    def _executor(self, nodes: int, gpus: int) -> Any:
+        import submitit
+
+        params = dict(self.params)
+        init = {"folder": params.pop("submitit_folder")}
+        if "max_num_timeout" in params:
+            init[f"{self._EXECUTOR}_max_num_timeout"] = params.pop("max_num_timeout")
+        params.update(nodes=nodes, tasks_per_node=gpus)
+        if params.get("gpus_per_node") is None:
+            params["gpus_per_node"] = gpus if self._EXECUTOR == "slurm" else 0
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
+        base = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(**{k if k in base else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
+        return executor
+
+
+class DDPSlurmLauncher(_ShapedLauncher):
+    """SLURM: one task per worker, shaped by distributed.num_nodes x distributed.num_gpus."""
+
+    _EXECUTOR = "slurm"
+
+
+class DDPLocalLauncher(_ShapedLauncher):
+    """The same, as local processes (submitit's local executor): for trying it out and tests."""
+
+    _EXECUTOR = "local"

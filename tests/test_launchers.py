@@ -1,0 +1,174 @@
+"""The same run under spawn, torchrun and submitit; signals, kills and neighbours."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import QUICK, REPO, output, read_rows, read_run, run_train
+from ddpscale.distributed import free_port
+
+pytestmark = pytest.mark.slow
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+SAME_RUN = [*QUICK, "train.seed=7"]
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("run.json"))
+
+
+def test_spawn_torchrun_and_submitit_give_the_same_results(tmp_path):
+    scratch_before = set(Path(tempfile.gettempdir()).glob("ddpscale-rank*"))
+    spawn = run_train(*SAME_RUN, "distributed.num_gpus=2", f"hydra.run.dir={tmp_path}/spawn")
+    assert spawn.returncode == 0, output(spawn)
+    torchrun = subprocess.run(
+        [*TORCHRUN, "--standalone", "--nproc-per-node=2", str(REPO / "train.py"), *SAME_RUN],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
+    assert torchrun.returncode == 0, output(torchrun)
+    submitit = run_train(*SAME_RUN, "distributed.num_gpus=2", "hydra/launcher=slurm_local",
+                         f"hydra.sweep.dir={tmp_path}/submitit", "-m")
+    assert submitit.returncode == 0, output(submitit)
+
+    torchrun_dirs = run_dirs(tmp_path / "outputs")
+    assert len(torchrun_dirs) == 1, "torchrun's ranks agree on one output directory"
+    dirs = {"spawn": tmp_path / "spawn", "torchrun": torchrun_dirs[0], "submitit": tmp_path / "submitit" / "0"}
+    rows = {name: read_rows(d) for name, d in dirs.items()}
+    launchers = {name: r[-1]["launcher"] for name, r in rows.items()}
+    assert launchers == {"spawn": "spawn", "torchrun": "torchrun", "submitit": "slurm"}
+    columns = {name: list(r[0]) for name, r in rows.items()}
+    assert columns["spawn"] == columns["torchrun"] == columns["submitit"]
+    for key in ("val_acc", "val_loss", "train_loss", "world_size", "global_batch_size"):
+        values = {name: [row[key] for row in r] for name, r in rows.items()}
+        assert values["spawn"] == values["torchrun"] == values["submitit"], key
+    for d in dirs.values():
+        assert read_run(d)["status"] == "completed"
+    scratch_after = set(Path(tempfile.gettempdir()).glob("ddpscale-rank*"))
+    assert scratch_after <= scratch_before, "non-zero ranks clean up their scratch dirs"
+
+
+def test_torchrun_two_nodes_over_loopback(tmp_path):
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [*TORCHRUN, "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ddpscale-test",
+             str(REPO / "train.py"), *QUICK, "train.epochs=1"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
+        for _ in range(2)
+    ]
+    logs = [n.communicate(timeout=240)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], logs
+    dirs = run_dirs(tmp_path)
+    assert len(dirs) == 1, "only global rank 0 writes, into one directory"
+    row = read_rows(dirs[0])[0]
+    assert (row["world_size"], row["num_nodes"], row["num_gpus"]) == ("2", "2", "1")
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        for c in map(int, children):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+def _start_long_run(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "train.py", *QUICK, "train.epochs=200", "distributed.num_gpus=2",
+         f"hydra.run.dir={tmp_path}", *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group, like a job in a terminal
+    )
+
+
+def _wait_for_epochs(proc: subprocess.Popen, run_dir: Path, n: int, timeout: float = 120) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "results.csv").exists() and len(read_rows(run_dir)) >= n:
+            return _descendants(proc.pid)
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.2)
+    raise AssertionError("the run did not reach its first epochs")
+
+
+def _worker_pids(pids: set[int]) -> list[int]:
+    return [p for p in pids if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+
+
+def test_sigkill_of_one_worker_ends_the_run_marked_failed_with_nothing_left(tmp_path):
+    proc = _start_long_run(tmp_path)
+    family = _wait_for_epochs(proc, tmp_path, 1)
+    workers = _worker_pids(family)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    start = time.monotonic()
+    proc.communicate(timeout=60)
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 1
+    run = read_run(tmp_path)
+    assert run["status"] == "failed" and "SIGKILL" in run["error"]
+    assert len(read_rows(tmp_path)) >= 1
+    time.sleep(1)
+    assert not _alive(family), "no orphaned worker"
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_sigterm_and_ctrl_c_stop_the_workers_and_mark_the_run_interrupted(tmp_path, sig, code):
+    proc = _start_long_run(tmp_path)
+    family = _wait_for_epochs(proc, tmp_path, 2)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # Ctrl-C reaches the whole foreground process group
+    else:
+        os.kill(proc.pid, sig)
+    proc.communicate(timeout=60)
+    assert proc.returncode == code
+    run = read_run(tmp_path)
+    assert run["status"] == "interrupted" and signal.Signals(sig).name in run["error"]
+    assert len(read_rows(tmp_path)) >= 2, "finished epochs are kept"
+    time.sleep(1)
+    assert not _alive(family)
+
+
+def test_two_sweeps_started_together_both_complete_in_their_own_dirs(tmp_path):
+    sweeps = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "train.py"), *QUICK, "train.epochs=1",
+             "distributed.num_gpus=1,2", "-m"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for _ in range(2)
+    ]
+    logs = [s.communicate(timeout=300)[0] for s in sweeps]
+    assert [s.returncode for s in sweeps] == [0, 0], logs
+    dirs = run_dirs(tmp_path / "multirun")
+    assert len(dirs) == 4 and len({d.parent for d in dirs}) == 2
+    assert all(read_run(d)["status"] == "completed" for d in dirs)
