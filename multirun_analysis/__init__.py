@@ -6,9 +6,10 @@ matplotlib only and never imports torch, so it runs wherever the files are copie
     python -m multirun_analysis SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--target-acc 0.9]
 
 From Python: `analyse(dirs)` returns the tables, `write_report(analysis, out)` writes them.
-Modules, in pipeline order: schema (column names), collect (files -> epochs and runs
-tables), runs (per-run metrics and which runs count), tables (seed aggregation, scaling,
-accuracy), sweep (the pipeline), plots, findings, render (Markdown/HTML), report, cli.
+Modules, in pipeline order: schema (column names), discover (find run directories),
+collect (files -> epochs and runs tables), runs (per-run metrics and which runs count),
+tables (seed aggregation, scaling, accuracy), sweep (the pipeline), plots, findings,
+render (Markdown/HTML), report, cli.
 """
 
 __all__ = ["analyse", "write_report"]
@@ -18,8 +19,10 @@ def __getattr__(name):
     # Lazy, so `python -m multirun_analysis --help` answers without importing pandas.
     if name == "analyse":
         from .sweep import analyse
+
         return analyse
     if name == "write_report":
         from .report import write_report
+
         return write_report
     raise AttributeError(name)

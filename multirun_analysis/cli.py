@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .discover import find_run_dirs
+
 EXIT_BAD_ARGUMENT = 2  # argparse's own code for usage errors
 EXIT_NO_RUNS = 1
 
@@ -25,12 +27,26 @@ def parse_args(argv=None) -> argparse.Namespace:
             "2 bad arguments (e.g. a directory that does not exist)."
         ),
     )
-    parser.add_argument("sweep_dirs", nargs="+", type=Path, metavar="SWEEP_DIR",
-                        help="a Hydra multirun directory, or any folder holding runs")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output directory (default: FIRST_SWEEP_DIR/analysis)")
-    parser.add_argument("--target-acc", type=float, default=0.9, metavar="FRACTION",
-                        help="validation accuracy to measure time-to-target against, in (0, 1] (default: 0.9)")
+    parser.add_argument(
+        "sweep_dirs",
+        nargs="+",
+        type=Path,
+        metavar="SWEEP_DIR",
+        help="a Hydra multirun directory, or any folder holding runs",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: FIRST_SWEEP_DIR/analysis)",
+    )
+    parser.add_argument(
+        "--target-acc",
+        type=float,
+        default=0.9,
+        metavar="FRACTION",
+        help="validation accuracy to measure time-to-target against, in (0, 1] (default: 0.9)",
+    )
     return parser.parse_args(argv)
 
 
@@ -41,21 +57,26 @@ def main(argv=None) -> int:
     if problem:
         print(f"multirun_analysis: error: {problem}", file=sys.stderr)
         return EXIT_BAD_ARGUMENT
-    # Imported here so that argument errors answer at once, before pandas and matplotlib load.
-    from .collect import find_run_dirs
+    # pandas and matplotlib load only once there is something to analyse, so that
+    # mistakes in the arguments are answered at once.
+    for sweep in args.sweep_dirs:
+        if not find_run_dirs(sweep):
+            print(
+                f"multirun_analysis: error: no runs found under {sweep} "
+                "(a run is a directory holding results.csv or run.json)",
+                file=sys.stderr,
+            )
+            return EXIT_NO_RUNS
     from .report import write_report
     from .sweep import analyse
 
-    for sweep in args.sweep_dirs:
-        if not find_run_dirs(sweep):
-            print(f"multirun_analysis: error: no runs found under {sweep} "
-                  "(a run is a directory holding results.csv or run.json)", file=sys.stderr)
-            return EXIT_NO_RUNS
     analysis = analyse(args.sweep_dirs, target_acc=args.target_acc)
     report = write_report(analysis, args.out or args.sweep_dirs[0] / "analysis")
     runs = analysis.runs
-    print(f"{len(runs)} runs found, {int(runs.included.sum())} analysed, "
-          f"{int((~runs.included).sum())} listed under Problems")
+    print(
+        f"{len(runs)} runs found, {int(runs.included.sum())} analysed, "
+        f"{int((~runs.included).sum())} listed under Problems"
+    )
     print(f"report: {report}")
     return 0
 
@@ -68,6 +89,8 @@ def _check(args: argparse.Namespace) -> str | None:
         if not sweep.is_dir():
             return f"{sweep} is not a directory; pass the sweep directory that holds the runs"
     if not 0 < args.target_acc <= 1:
-        return (f"--target-acc={args.target_acc:g} is not a fraction in (0, 1]; "
-                f"accuracies are fractions, e.g. --target-acc 0.9")
+        return (
+            f"--target-acc={args.target_acc:g} is not a fraction in (0, 1]; "
+            f"accuracies are fractions, e.g. --target-acc 0.9"
+        )
     return None

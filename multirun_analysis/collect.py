@@ -1,9 +1,9 @@
-"""Find run directories below sweep directories and read them into two tidy tables.
+"""Read every run directory below the sweep directories into two tidy tables.
 
-A run directory is any directory holding `results.csv` or `run.json`. Files are read
-with the csv and json modules and turned into one DataFrame per distinct header, which
-is much faster than one `pd.read_csv` per run on a sweep of thousands of runs. Nothing
-here judges a run; it records what the files say and every problem found reading them.
+Files are read with the csv and json modules and turned into one DataFrame per distinct
+header, which is much faster than one `pd.read_csv` per run on a sweep of thousands of
+runs. Nothing here judges a run; it records what the files say and every problem found
+reading them (runs.py decides which runs count).
 """
 
 from __future__ import annotations
@@ -12,24 +12,48 @@ import csv
 import io
 import json
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 import pandas as pd
 
+from .discover import find_run_dirs
 from .schema import (
-    EXTRA_NUMERIC, METRICS, MISSING_VALUES, NON_EMPTY, NUMERIC_SETTINGS, REQUIRED,
-    RESULTS_CSV, RUN_JSON, settings_in,
+    EXTRA_NUMERIC,
+    METRICS,
+    MISSING_VALUES,
+    NON_EMPTY,
+    NUMERIC_SETTINGS,
+    REQUIRED,
+    RESULTS_CSV,
+    RUN_JSON,
+    settings_in,
 )
 
 INTEGER_COLUMNS = (
-    "num_nodes", "num_gpus", "world_size", "batch_size", "global_batch_size",
-    "seed", "epochs", "epoch",
+    "num_nodes",
+    "num_gpus",
+    "world_size",
+    "batch_size",
+    "global_batch_size",
+    "seed",
+    "epochs",
+    "epoch",
 )
 _BOOLEANS = {"True": True, "False": False, "true": True, "false": False}
 META_COLUMNS = (
-    "run_id", "path", "status", "problem", "error", "has_results", "start_time",
-    "end_time", "hostname", "git_commit", "overrides",
+    "run_id",
+    "path",
+    "status",
+    "problem",
+    "error",
+    "has_results",
+    "start_time",
+    "end_time",
+    "hostname",
+    "git_commit",
+    "overrides",
 )
 
 
@@ -39,33 +63,6 @@ class Collected:
 
     epochs: pd.DataFrame
     runs: pd.DataFrame
-
-
-def find_run_dirs(sweep_dir: str | os.PathLike) -> list[str]:
-    """Every directory at any depth below `sweep_dir` that holds results.csv or run.json."""
-    found, stack, seen_links = [], [os.fspath(sweep_dir)], set()
-    while stack:
-        directory = stack.pop()
-        try:
-            with os.scandir(directory) as it:
-                entries = list(it)
-        except OSError:
-            continue
-        names = {entry.name for entry in entries}
-        if RESULTS_CSV in names or RUN_JSON in names:
-            found.append(directory)
-        for entry in entries:
-            # Hidden folders (.hydra, .git) hold configs and history, never runs.
-            if entry.name.startswith("."):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-            elif entry.is_symlink() and entry.is_dir():
-                target = os.path.realpath(entry.path)  # a link loop is walked only once
-                if target not in seen_links:
-                    seen_links.add(target)
-                    stack.append(entry.path)
-    return sorted(found)
 
 
 def collect(sweep_dirs) -> Collected:
@@ -83,9 +80,14 @@ def collect(sweep_dirs) -> Collected:
             body.extend(rows)
         metas.append({"run_id": run_id, "path": directory, "has_results": has_results, **meta})
     raw = _raw_epochs(blocks)
-    for run_id, message in _value_problems(raw).items():
+    numbers = {
+        column: _numbers(raw[column])
+        for column in raw.columns
+        if column in NUMERIC_SETTINGS or column in METRICS or column in EXTRA_NUMERIC
+    }
+    for run_id, message in _value_problems(raw, numbers).items():
         problems[run_id].append(message)
-    epochs = _typed(raw).sort_values(["run_id", "epoch"], kind="stable", ignore_index=True)
+    epochs = _typed(raw, numbers).sort_values(["run_id", "epoch"], kind="stable", ignore_index=True)
     for run_id, message in _consistency_problems(epochs).items():
         problems[run_id].append(message)
     runs = _runs_table(metas, epochs, problems)
@@ -93,11 +95,17 @@ def collect(sweep_dirs) -> Collected:
 
 
 def _unique(dirs) -> list[str]:
-    """Drop directories reached twice (overlapping sweep arguments, links)."""
-    by_real = {}
+    """Drop directories reached twice (overlapping sweep arguments, links), by inode."""
+    by_inode = {}
     for directory in dirs:
-        by_real.setdefault(os.path.realpath(directory), directory)
-    return sorted(by_real.values())
+        stat = os.stat(directory)
+        by_inode.setdefault((stat.st_dev, stat.st_ino), directory)
+    return sorted(by_inode.values(), key=_natural)
+
+
+def _natural(path: str) -> list:
+    """Sort key that puts Hydra job 2 before job 10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
 def _read_run_json(directory: str) -> tuple[dict, list[str]]:
@@ -199,8 +207,8 @@ def _read_results(directory: str) -> tuple[list[str] | None, list[list[str]], li
     if lines and not text.endswith(("\n", "\r")):
         line_num, row = lines.pop()
         problems.append(
-            f"results.csv is truncated: line {line_num} is incomplete "
-            f"({len(row)} of {len(header)} fields); it was skipped"
+            f"results.csv is truncated: line {line_num} has no line end "
+            f"(the writer stopped mid-line); it was skipped"
         )
     ragged = [(n, row) for n, row in lines if len(row) != len(header)]
     if ragged:
@@ -224,35 +232,53 @@ def _raw_epochs(blocks: dict) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def _value_problems(raw: pd.DataFrame) -> dict[int, str]:
+def _numbers(text: pd.Series) -> pd.Series:
+    """A column of number strings as float64; anything unparsable becomes NaN."""
+    try:
+        return text.astype("float64")  # fast path: a clean column, several times faster
+    except (TypeError, ValueError):
+        return pd.to_numeric(text, errors="coerce")
+
+
+def _value_problems(raw: pd.DataFrame, numbers: dict[str, pd.Series]) -> dict[int, str]:
     """The first non-numeric or missing required value of each run, as a message."""
     flagged = []
     for column in (*NUMERIC_SETTINGS, *METRICS):
-        text = raw[column].fillna("").str.strip()
+        unparsed = numbers[column].isna()
+        if not unparsed.any():
+            continue
+        text = raw.loc[unparsed, column].fillna("").str.strip()
         missing = text.isin(MISSING_VALUES)
-        bad = pd.to_numeric(text, errors="coerce").isna() & ~missing
-        flagged.append(raw.loc[bad, ["run_id"]].assign(
-            message="non-numeric value '" + text[bad] + f"' in column {column}"))
+        cells = raw.loc[unparsed, ["run_id"]]
+        flagged.append(
+            cells[~missing].assign(
+                message="non-numeric value '" + text[~missing] + f"' in column {column}"
+            )
+        )
         if column in NON_EMPTY:
-            flagged.append(raw.loc[missing, ["run_id"]].assign(message=f"empty value in column {column}"))
-    cells = pd.concat(flagged, ignore_index=True)
+            flagged.append(cells[missing].assign(message=f"empty value in column {column}"))
+    cells = pd.concat(flagged, ignore_index=True) if flagged else pd.DataFrame()
     if cells.empty:
         return {}
     return (
         cells.groupby("run_id")
         .agg(message=("message", "first"), n=("message", "size"))
-        .pipe(lambda d: d.message.where(d.n == 1, d.message + " (and " + (d.n - 1).astype(str) + " more)"))
+        .pipe(
+            lambda d: d.message.where(
+                d.n == 1, d.message + " (and " + (d.n - 1).astype(str) + " more)"
+            )
+        )
         .pipe(lambda messages: "results.csv: " + messages)
         .to_dict()
     )
 
 
-def _typed(raw: pd.DataFrame) -> pd.DataFrame:
+def _typed(raw: pd.DataFrame, numbers: dict[str, pd.Series]) -> pd.DataFrame:
     """Required numbers as numbers (integers as nullable Int64), extras by content."""
     converted = {"run_id": raw["run_id"].astype("int64")}
     for column in raw.columns.drop("run_id"):
-        if column in NUMERIC_SETTINGS or column in METRICS or column in EXTRA_NUMERIC:
-            converted[column] = _as_int(column, pd.to_numeric(raw[column], errors="coerce"))
+        if column in numbers:
+            converted[column] = _as_int(column, numbers[column])
         elif column not in REQUIRED:
             converted[column] = _infer(raw[column])
     return raw.assign(**converted)
@@ -266,36 +292,38 @@ def _as_int(column: str, values: pd.Series) -> pd.Series:
 
 
 def _infer(values: pd.Series) -> pd.Series:
-    """An extra column as numbers or booleans when every present value is one, else text."""
-    present = values.dropna().str.strip()
-    present = present[~present.isin(MISSING_VALUES)]
-    if present.isin(_BOOLEANS).all() and not present.empty:
+    """An extra column as booleans or numbers when every present value is one, else text."""
+    distinct = pd.Series(values.dropna().unique(), dtype=str).str.strip()
+    distinct = distinct[~distinct.isin(MISSING_VALUES)]
+    if distinct.empty:
+        return values
+    if distinct.isin(_BOOLEANS).all():
         return values.str.strip().map(_BOOLEANS).astype("boolean")
-    numbers = pd.to_numeric(values.where(~values.fillna("").str.strip().isin(MISSING_VALUES)), errors="coerce")
-    if numbers.notna().sum() == len(present):
-        return numbers
+    if pd.to_numeric(distinct, errors="coerce").notna().all():
+        return _numbers(values.where(~values.fillna("").str.strip().isin(MISSING_VALUES)))
     return values
 
 
 def _consistency_problems(epochs: pd.DataFrame) -> dict[int, str]:
     """Runs whose rows disagree on a setting, or that repeat an epoch."""
-    settings = settings_in(epochs.columns)
-    changing = (
-        epochs.groupby("run_id")[settings].nunique()
+    disagree = (
+        epochs.groupby("run_id")[settings_in(epochs.columns)]
+        .nunique()
         .gt(1)
-        .pipe(lambda d: d[d.any(axis=1)])
-        .apply(lambda row: ", ".join(row.index[row]), axis=1)
+        .reset_index()
+        .melt("run_id", var_name="setting", value_name="differs")
+        .query("differs")
+        .groupby("run_id", sort=False)
+        .setting.agg(", ".join)
+        .pipe(lambda names: "results.csv rows disagree on " + names + " (two runs in one file?)")
     )
-    repeated = epochs.loc[epochs.duplicated(["run_id", "epoch"]), ["run_id", "epoch"]].drop_duplicates("run_id")
-    messages = {
-        run_id: f"results.csv rows disagree on {names} (two runs in one file?)"
-        for run_id, names in changing.items()
-    }
-    for run_id, epoch in repeated.itertuples(index=False):
-        messages[run_id] = "; ".join(
-            filter(None, [messages.get(run_id), f"results.csv repeats epoch {epoch}"])
-        )
-    return messages
+    repeated = (
+        epochs.loc[epochs.duplicated(["run_id", "epoch"])]
+        .drop_duplicates("run_id")
+        .set_index("run_id")
+        .epoch.pipe(lambda epoch: "results.csv repeats epoch " + epoch.astype(str))
+    )
+    return pd.concat([disagree, repeated]).groupby(level=0).agg("; ".join).to_dict()
 
 
 def _runs_table(metas: list[dict], epochs: pd.DataFrame, problems: dict) -> pd.DataFrame:
@@ -303,15 +331,18 @@ def _runs_table(metas: list[dict], epochs: pd.DataFrame, problems: dict) -> pd.D
     meta = pd.DataFrame(metas).set_index("run_id")
     from_config = meta.reindex(columns=settings_in(meta.columns))
     from_rows = (
-        epochs.drop_duplicates("run_id").set_index("run_id")
+        epochs.drop_duplicates("run_id")
+        .set_index("run_id")
         .reindex(columns=settings_in(epochs.columns))
     )
-    settings = (
-        from_rows.combine_first(from_config)  # union of runs and columns; rows win
-        .pipe(lambda d: d.assign(**{
-            c: _as_int(c, pd.to_numeric(d[c], errors="coerce"))
-            for c in d.columns if c in NUMERIC_SETTINGS
-        }))
+    settings = from_rows.combine_first(from_config).pipe(  # union of runs and columns; rows win
+        lambda d: d.assign(
+            **{
+                c: _as_int(c, pd.to_numeric(d[c], errors="coerce"))
+                for c in d.columns
+                if c in NUMERIC_SETTINGS
+            }
+        )
     )
     problem = pd.Series({run_id: "; ".join(p) for run_id, p in problems.items() if p}, dtype=str)
     return (

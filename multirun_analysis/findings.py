@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .render import format_value
 from .schema import WORLD, config_keys
 from .sweep import Analysis
-from .tables import SCALING_KINDS, format_value
+from .tables import SCALING_KINDS
 
-_KIND_NAMES = {"weak": "Weak scaling (per-worker batch fixed)", "strong": "Strong scaling (global batch fixed)"}
+_KIND_NAMES = {
+    "weak": "Weak scaling (per-worker batch fixed)",
+    "strong": "Strong scaling (global batch fixed)",
+}
 
 
 def key_findings(analysis: Analysis) -> list[str]:
@@ -29,22 +33,29 @@ def key_findings(analysis: Analysis) -> list[str]:
 
 def _counts(runs: pd.DataFrame) -> str:
     """How many runs were found, analysed and left out, and why."""
-    statuses = runs.status.value_counts()
-    found = ", ".join(f"{n} {status}" for status, n in statuses.items())
+    statuses = runs.status.replace({"unknown": "without a readable run.json"}).value_counts()
+    found = ", ".join(f"{n:,} {status}" for status, n in statuses.items())
     left_out = runs[~runs.included]
-    text = f"**{_plural(len(runs), 'run')}** found ({found}); **{int(runs.included.sum())} analysed**."
+    text = f"**{_plural(len(runs), 'run')}** found ({found}); **{int(runs.included.sum()):,} analysed**."
     if len(left_out):
         why = (
-            left_out.status.where(left_out.status.isin(["failed", "running", "interrupted"]), "unreadable or incomplete")
+            left_out.status.where(
+                left_out.status.isin(["failed", "running", "interrupted"]),
+                "unreadable or incomplete",
+            )
             .replace({"running": "still running"})
             .value_counts()
         )
-        reasons = ", ".join(f"{n} {reason}" for reason, n in why.items())
-        text += f" {len(left_out)} left out ({reasons}); see [Problems](#problems)."
+        reasons = ", ".join(f"{n:,} {reason}" for reason, n in why.items())
+        text += f" {len(left_out):,} left out ({reasons}); see [Problems](#problems)."
     unknown = runs.included & runs.status.eq("unknown")
-    if unknown.any():
-        text += (f" {_plural(int(unknown.sum()), 'run')} without run.json "
-                 "are analysed because their results.csv holds every epoch.")
+    if unknown.sum() == 1:
+        text += " 1 run without run.json is analysed because its results.csv holds every epoch."
+    elif unknown.any():
+        text += (
+            f" {int(unknown.sum()):,} runs without run.json are analysed because their "
+            "results.csv holds every epoch."
+        )
     return text
 
 
@@ -53,7 +64,7 @@ def _best_throughput(configs: pd.DataFrame) -> str:
     best = configs.loc[configs.images_per_sec.idxmax()]
     return (
         f"**Best throughput: {best.images_per_sec:,.0f} images/sec** with {describe(best, configs)}"
-        f" (mean of {_plural(int(best.n_runs), 'run')})."
+        f"; mean of {_plural(int(best.n_runs), 'run')}."
     )
 
 
@@ -62,7 +73,9 @@ def _scaling(scaling: pd.DataFrame, configs: pd.DataFrame) -> list[str]:
     if scaling.empty:
         sizes = configs.world_size.dropna().unique()
         if len(sizes) == 1:
-            return [f"**Nothing to scale:** every analysed run used world size {format_value(sizes[0])}."]
+            return [
+                f"**Nothing to scale:** every analysed run used world size {format_value(sizes[0])}."
+            ]
         return ["**No scaling groups:** no two analysed configurations differ only in world size."]
     return [_kind_sentence(kind, scaling[scaling.scaling == kind]) for kind in SCALING_KINDS]
 
@@ -93,12 +106,16 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
         f"world size {format_value(best.world_size)}), median {largest.efficiency.median():.2f}"
     )
     if largest.grad_sync_share.notna().any():
-        text += (f"; gradient sync takes {largest.grad_sync_share.min():.0%}–"
-                 f"{largest.grad_sync_share.max():.0%} of step time there")
+        text += (
+            f"; gradient sync takes {largest.grad_sync_share.min():.0%}–"
+            f"{largest.grad_sync_share.max():.0%} of step time there"
+        )
     change = largest.val_acc_change.dropna()
     if len(change):
-        text += (f"; final val_acc changes by {change.min():+.3f} to {change.max():+.3f} "
-                 f"(mean {change.mean():+.3f})")
+        text += (
+            f"; final val_acc changes by {change.min():+.3f} to {change.max():+.3f} "
+            f"(mean {change.mean():+.3f})"
+        )
     return text + "."
 
 
@@ -117,7 +134,9 @@ def _accuracy(configs: pd.DataFrame, target: float) -> list[str]:
         )
     reached = table.dropna(subset=["time_to_target_s"])
     if reached.empty:
-        target_text = f"No configuration reached val_acc {target:g} (best final {high.final_val_acc:.3f})."
+        target_text = (
+            f"No configuration reached val_acc {target:g} (best final {high.final_val_acc:.3f})."
+        )
     else:
         fastest = reached.loc[reached.time_to_target_s.idxmin()]
         target_text = (
@@ -135,11 +154,13 @@ def describe(row: pd.Series, configs: pd.DataFrame) -> str:
         world += f" ({format_value(row.num_nodes)} nodes × {format_value(row.num_gpus)})"
     batch = f"batch {format_value(row.batch_size)}/worker (global {format_value(row.global_batch_size)})"
     varying = [
-        k for k in config_keys(configs.columns)
-        if k not in (*WORLD, "batch_size", "global_batch_size") and configs[k].nunique(dropna=False) > 1
+        k
+        for k in config_keys(configs.columns)
+        if k not in (*WORLD, "batch_size", "global_batch_size")
+        and configs[k].nunique(dropna=False) > 1
     ]
     return ", ".join([world, batch, *(f"{k}={format_value(row[k])}" for k in varying)])
 
 
 def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"

@@ -16,15 +16,23 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, NullLocator
 
+from .render import format_value
 from .schema import WORLD, config_keys
-from .tables import SCALING_KINDS, format_value
+from .tables import SCALING_KINDS
 
 MAX_LINES = 12  # more lines than this make a plot unreadable; the title says what is shown
-MAX_PANELS = 12
+MAX_PANELS = 9  # a 3 x 3 grid of heatmaps
 _COLORS = [f"C{i}" for i in range(10)]
 _CMAP = colormaps["viridis"].with_extremes(bad="#f0f0f0")
-_SHORT = {"world_size": "ws", "batch_size": "batch", "global_batch_size": "global batch",
-          "num_nodes": "nodes", "num_gpus": "gpus/node", "optimizer": "optim"}
+_SHORT = {
+    "world_size": "ws",
+    "batch_size": "batch",
+    "global_batch_size": "global batch",
+    "num_nodes": "nodes",
+    "num_gpus": "gpus/node",
+    "optimizer": "optim",
+}
+_NOTE = dict(textcoords="offset points", xytext=(6, -12), fontsize=9)
 _TITLES = {
     "weak": "Weak scaling: per-worker batch fixed",
     "strong": "Strong scaling: global batch fixed",
@@ -37,12 +45,18 @@ def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path) -> Path | None:
     if table.empty:
         return None
     shown, total = _top_groups(table, "group")
-    fig = _figure(12, 5.2)
+    fig = _figure(12, 4.6 + 0.22 * shown.group.nunique())  # room for the legend below
     speed_ax, eff_ax = fig.subplots(1, 2)
     sizes = np.sort(table.world_size.unique().astype(float))
     for baseline in sorted(table.baseline_world_size.unique()):
         xs = sizes[sizes >= baseline]
-        speed_ax.plot(xs, xs / baseline, "k--", lw=1.2, label="ideal (linear)" if baseline == table.baseline_world_size.min() else None)
+        speed_ax.plot(
+            xs,
+            xs / baseline,
+            "k--",
+            lw=1.2,
+            label="ideal (linear)" if baseline == table.baseline_world_size.min() else None,
+        )
     eff_ax.axhline(1.0, color="k", ls="--", lw=1.2, label="ideal")
     other_batch = {"batch_size", "global_batch_size"} - {SCALING_KINDS[kind]}
     keys = [k for k in config_keys(table.columns) if k not in (*WORLD, *other_batch)]
@@ -51,11 +65,21 @@ def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path) -> Path | None:
         style = dict(color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker="o", label=label)
         speed_ax.plot(group.world_size.astype(float), group.speedup, **style)
         eff_ax.plot(group.world_size.astype(float), group.efficiency, **style)
+        if total <= 3:  # few lines: print the numbers next to the points
+            for x, speedup, efficiency in group[["world_size", "speedup", "efficiency"]].values:
+                speed_ax.annotate(f"{speedup:.2f}×", (x, speedup), **_NOTE)
+                eff_ax.annotate(f"{efficiency:.2f}", (x, efficiency), **_NOTE)
     _world_axis(speed_ax, sizes)
     _world_axis(eff_ax, sizes)
+    if speed_ax.get_xscale() == "log":  # log-log: the ideal line is straight, gaps read as ratios
+        speed_ax.set_yscale("log", base=2)
+        speed_ax.yaxis.set_major_formatter(lambda v, _: f"{v:g}")
     speed_ax.set(ylabel="speedup over smallest world size", title="Speedup")
-    eff_ax.set(ylabel="parallel efficiency", title="Efficiency (1.0 = linear)",
-               ylim=(0, max(1.1, float(table.efficiency.max()) * 1.1)))
+    eff_ax.set(
+        ylabel="parallel efficiency",
+        title="Efficiency (1.0 = linear)",
+        ylim=(0, max(1.1, float(table.efficiency.max()) * 1.1)),
+    )
     fig.suptitle(_TITLES[kind] + _shown(shown.group.nunique(), total, "groups"), fontsize=13)
     _legend(fig, speed_ax)
     return _save(fig, path)
@@ -71,17 +95,25 @@ def plot_throughput(configs: pd.DataFrame, path: Path) -> Path | None:
         label=lambda d: _labels(d, keys, always=("batch_size",)),
     )
     shown, total = _top_groups(table, "line")
-    fig = _figure(10, 5.6)
+    fig = _figure(10, 5.0 + 0.22 * shown.line.nunique())
     ax = fig.subplots()
     for i, (label, line) in enumerate(shown.sort_values("world_size").groupby("label", sort=False)):
         ax.errorbar(
-            line.world_size.astype(float), line.images_per_sec, yerr=line.images_per_sec_std.fillna(0),
-            color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker="o", capsize=3, label=label,
+            line.world_size.astype(float),
+            line.images_per_sec,
+            yerr=line.images_per_sec_std.fillna(0),
+            color=_COLORS[i % 10],
+            ls="-" if i < 10 else ":",
+            marker="o",
+            capsize=3,
+            label=label,
         )
     _world_axis(ax, np.sort(table.world_size.unique().astype(float)))
     ax.set(ylabel="images / sec (sum over workers)", ylim=(0, None))
     ax.yaxis.set_major_formatter(lambda v, _: f"{v:,.0f}")
-    fig.suptitle("Throughput against world size" + _shown(shown.line.nunique(), total, "lines"), fontsize=13)
+    fig.suptitle(
+        "Throughput against world size" + _shown(shown.line.nunique(), total, "lines"), fontsize=13
+    )
     _legend(fig, ax)
     return _save(fig, path)
 
@@ -94,20 +126,22 @@ def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
     facets = [k for k in ("model", "dataset", "optimizer", "world_size") if table[k].nunique() > 1]
     panels = list(table.groupby(facets, sort=True)) if facets else [((), table)]
     total, panels = len(panels), panels[:MAX_PANELS]
-    lrs = np.sort(table.lr.unique())
-    batches = np.sort(table.global_batch_size.unique())
+    # Each panel shows only the learning rates and batches it ran, so a weak-scaling
+    # sweep (global batch grows with world size) is not mostly empty cells.
+    grids = [
+        panel.groupby(["lr", "global_batch_size"]).final_val_acc.mean().unstack("global_batch_size")
+        for _, panel in panels
+    ]
+    n_rows = max(g.shape[0] for g in grids)
+    n_cols = max(g.shape[1] for g in grids)
     cols = min(len(panels), 3)
     rows = -(-len(panels) // cols)
-    cell = max(0.55, min(1.1, 6 / max(len(lrs), len(batches))))
-    fig = _figure(max(6.0, cols * (1.6 + cell * len(batches))), rows * (1.4 + cell * len(lrs)) + 0.8)
-    axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
+    cell = max(0.5, min(1.0, 6 / max(n_rows, n_cols)))
+    fig = _figure(max(6.0, cols * (1.5 + cell * n_cols) + 1.2), rows * (1.3 + cell * n_rows) + 0.8)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
     vmin, vmax = float(table.final_val_acc.min()), float(table.final_val_acc.max())
     vmin, vmax = (vmin - 0.01, vmax + 0.01) if vmax - vmin < 0.02 else (vmin, vmax)
-    for ax, (key, panel) in zip(axes, panels):
-        grid = (
-            panel.groupby(["lr", "global_batch_size"]).final_val_acc.mean()
-            .unstack("global_batch_size").reindex(index=lrs, columns=batches)
-        )
+    for ax, (key, _), grid in zip(axes, panels, grids):
         values = grid.to_numpy(float)
         image = ax.imshow(values, cmap=_CMAP, vmin=vmin, vmax=vmax, aspect="auto")
         for (r, c), value in np.ndenumerate(values):
@@ -115,16 +149,31 @@ def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
                 ax.text(c, r, "not run", ha="center", va="center", fontsize=8, color="#888888")
             else:
                 light = (value - vmin) / (vmax - vmin) < 0.6
-                ax.text(c, r, f"{value:.3f}", ha="center", va="center", fontsize=9,
-                        color="white" if light else "black")
-        ax.set_xticks(range(len(batches)), [format_value(b) for b in batches])
-        ax.set_yticks(range(len(lrs)), [format_value(v) for v in lrs])
+                ax.text(
+                    c,
+                    r,
+                    f"{value:.3f}",
+                    ha="center",
+                    va="center",
+                    fontsize=9,
+                    color="white" if light else "black",
+                )
+        ax.set_xticks(range(grid.shape[1]), [format_value(b) for b in grid.columns])
+        ax.set_yticks(range(grid.shape[0]), [format_value(v) for v in grid.index])
         ax.set(xlabel="global batch size", ylabel="learning rate")
         key = key if isinstance(key, tuple) else (key,)
-        ax.set_title(", ".join(f"{k}={format_value(v)}" for k, v in zip(facets, key)) or "all runs", fontsize=10)
-    for ax in axes[len(panels):]:
+        ax.set_title(
+            ", ".join(f"{k}={format_value(v)}" for k, v in zip(facets, key)) or "all runs",
+            fontsize=10,
+        )
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
-    fig.colorbar(image, ax=axes[: len(panels)].tolist(), label="final val_acc (mean over seeds)", shrink=0.9)
+    fig.colorbar(
+        image,
+        ax=axes[: len(panels)].tolist(),
+        label="final val_acc (mean over seeds)",
+        shrink=min(0.9, 4 / rows + 0.1),
+    )
     more = f" (first {MAX_PANELS} of {total} panels)" if total > MAX_PANELS else ""
     fig.suptitle("Final validation accuracy: learning rate × global batch" + more, fontsize=13)
     return _save(fig, path)
@@ -136,21 +185,31 @@ def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | 
     if included.empty:
         return None
     keys = config_keys(included.columns)
+    runs_line = included.assign(line=included.groupby(keys, dropna=False).ngroup())
+    lines = (  # one row per configuration shown, labelled once (not once per run)
+        runs_line.drop_duplicates("line")
+        .set_index("line")
+        .assign(final=runs_line.groupby("line").final_val_acc.mean())
+        .nlargest(MAX_LINES, "final")
+        .pipe(lambda d: d.assign(label=_labels(d, keys)))
+    )
+    total = runs_line.line.nunique()
     curves = (
-        epochs.merge(included[["run_id", "final_val_acc", *keys]].assign(
-            line=lambda d: d.groupby(keys, dropna=False).ngroup(),
-            label=lambda d: _labels(d, keys),
-            final=lambda d: d.groupby(keys, dropna=False).final_val_acc.transform("mean"),
-        ).drop(columns=[*keys, "final_val_acc"]), on="run_id")
-        .groupby(["line", "label", "final", "epoch"], as_index=False)
+        epochs.merge(runs_line.loc[runs_line.line.isin(lines.index), ["run_id", "line"]])
+        .groupby(["line", "epoch"], as_index=False)
         .agg(val_acc=("val_acc", "mean"), elapsed_s=("elapsed_s", "mean"))
     )
-    total = curves.line.nunique()
-    best = curves.drop_duplicates("line").nlargest(MAX_LINES, "final").line
-    fig = _figure(12, 5.2)
+    fig = _figure(12, 4.6 + 0.22 * len(lines))
     epoch_ax, time_ax = fig.subplots(1, 2, sharey=True)
-    for i, (label, curve) in enumerate(curves[curves.line.isin(best)].sort_values(["final", "epoch"], ascending=[False, True]).groupby("label", sort=False)):
-        style = dict(color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker="o", ms=3, label=label or "all runs")
+    for i, (line, label) in enumerate(lines.label.items()):
+        curve = curves[curves.line == line]
+        style = dict(
+            color=_COLORS[i % 10],
+            ls="-" if i < 10 else ":",
+            marker="o",
+            ms=3,
+            label=label or "all runs",
+        )
         epoch_ax.plot(curve.epoch.astype(float), curve.val_acc, **style)
         time_ax.plot(curve.elapsed_s, curve.val_acc, **style)
     epoch_ax.set(xlabel="epoch", ylabel="validation accuracy", title="Over epochs")
@@ -197,6 +256,7 @@ def _world_axis(ax, sizes: np.ndarray) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(lambda v, _: f"{v:g}")
     ax.set_xlabel("world size (workers)")
+    ax.margins(x=0.08)
     ax.grid(alpha=0.3)
 
 
@@ -211,7 +271,9 @@ def _legend(fig: Figure, ax) -> None:
     if handles:
         widest = max(len(label) for label in labels)
         ncols = max(1, min(4, len(labels), 120 // (widest + 8)))
-        fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
+        fig.legend(
+            handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False
+        )
 
 
 def _save(fig: Figure, path: Path) -> Path:

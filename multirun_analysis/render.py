@@ -42,9 +42,22 @@ class Image:
 
 # Display formats by column name; everything else falls back to `_number`.
 _FIXED = {
-    "speedup": 2, "ideal_speedup": 2, "efficiency": 2, "grad_sync_share": 2,
-    "val_acc_change": 3, "target_acc": 2,
+    "speedup": 2,
+    "ideal_speedup": 2,
+    "efficiency": 2,
+    "grad_sync_share": 2,
+    "val_acc_change": 3,
+    "target_acc": 2,
 }
+
+
+def format_value(value) -> str:
+    """A setting as a short string: 0.1, 64, cnn."""
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return "?"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def format_frame(frame: pd.DataFrame) -> pd.DataFrame:
@@ -61,7 +74,11 @@ def format_cell(name: str, value) -> str:
     if isinstance(value, str):
         return value
     if name in _FIXED:
-        return f"{value:+.{_FIXED[name]}f}" if name == "val_acc_change" else f"{value:.{_FIXED[name]}f}"
+        return (
+            f"{value:+.{_FIXED[name]}f}"
+            if name == "val_acc_change"
+            else f"{value:.{_FIXED[name]}f}"
+        )
     if name.endswith("_acc") or name.endswith("_acc_std"):
         return f"{value:.3f}"
     if name == "lr":
@@ -82,6 +99,7 @@ def _number(value) -> str:
 
 def markdown_table(frame: pd.DataFrame) -> str:
     """A GitHub-flavoured Markdown table of an already formatted frame."""
+
     def cell(text) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -89,7 +107,9 @@ def markdown_table(frame: pd.DataFrame) -> str:
         "| " + " | ".join(cell(c) for c in frame.columns) + " |",
         "|" + "|".join("---" for _ in frame.columns) + "|",
     ]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    lines += [
+        "| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)
+    ]
     return "\n".join(lines)
 
 
@@ -150,7 +170,7 @@ def to_html(blocks: list, title: str) -> str:
             )
     body = "\n".join(parts)
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n"
         f"<body><main>\n{body}\n</main></body></html>\n"

@@ -9,8 +9,13 @@ the reason it was left out.
 
 from __future__ import annotations
 
+from functools import reduce
+
 import numpy as np
 import pandas as pd
+
+from .render import format_value
+from .schema import ANALYSABLE_STATUSES, settings_in
 
 INCLUSION_RULE = (
     "A run is analysed when its status is `completed` (or `unknown`: a results.csv "
@@ -26,7 +31,23 @@ def summarise_runs(epochs: pd.DataFrame, runs: pd.DataFrame, target_acc: float) 
         runs.merge(per_run_metrics(epochs, target_acc), on="run_id", how="left")
         .assign(epochs_done=lambda d: d.epochs_done.fillna(0).astype("int64"))
         .pipe(_judge)
+        .pipe(_reorder)
     )
+
+
+def _reorder(runs: pd.DataFrame) -> pd.DataFrame:
+    """Who and whether first, then settings, results, and the rest of run.json last."""
+    front = [
+        "run_id",
+        "path",
+        "status",
+        "included",
+        "problem",
+        *settings_in(runs.columns),
+        "epochs_done",
+    ]
+    back = ["error", "has_results", "start_time", "end_time", "hostname", "git_commit", "overrides"]
+    return runs[[*front, *(c for c in runs.columns if c not in front and c not in back), *back]]
 
 
 def per_run_metrics(epochs: pd.DataFrame, target_acc: float) -> pd.DataFrame:
@@ -47,39 +68,55 @@ def per_run_metrics(epochs: pd.DataFrame, target_acc: float) -> pd.DataFrame:
     )
     return (
         by_run.agg(epochs_done=("epoch", "size"), best_val_acc=("val_acc", "max"))
-        .join(steady.groupby("run_id").agg(
-            images_per_sec=("images_per_sec", "median"),
-            epoch_time_s=("epoch_time_s", "median"),
-            **sync,
-        ))
-        .join(last[["val_acc", "val_loss", "train_loss", "elapsed_s"]].rename(columns={
-            "val_acc": "final_val_acc", "val_loss": "final_val_loss",
-            "train_loss": "final_train_loss",
-        }))
-        .join(reached[["epoch", "elapsed_s"]].rename(columns={
-            "epoch": "epochs_to_target", "elapsed_s": "time_to_target_s",
-        }))
+        .join(
+            steady.groupby("run_id").agg(
+                images_per_sec=("images_per_sec", "median"),
+                epoch_time_s=("epoch_time_s", "median"),
+                **sync,
+            )
+        )
+        .join(
+            last[["val_acc", "val_loss", "train_loss", "elapsed_s"]].rename(
+                columns={
+                    "val_acc": "final_val_acc",
+                    "val_loss": "final_val_loss",
+                    "train_loss": "final_train_loss",
+                }
+            )
+        )
+        .join(
+            reached[["epoch", "elapsed_s"]].rename(
+                columns={
+                    "epoch": "epochs_to_target",
+                    "elapsed_s": "time_to_target_s",
+                }
+            )
+        )
         .reset_index()
     )
 
 
 def _judge(runs: pd.DataFrame) -> pd.DataFrame:
-    """Add `included` and extend `problem` with why a run is left out."""
-    complete = runs.epochs_done.ge(runs.epochs.astype("Float64")).fillna(False).astype(bool)
+    """Add `included`, and put every reason a run is left out into `problem`."""
+    files = runs.problem.fillna("")
+    # A file problem already explains missing epochs; say it once.
+    completeness = _completeness_reason(runs).where(files.eq(""), "")
+    problem = reduce(_join, [_status_reason(runs), files, completeness])
+    return runs.assign(problem=problem, included=problem.eq(""))
+
+
+def _status_reason(runs: pd.DataFrame) -> pd.Series:
+    """Why run.json's status keeps a run out ('' for completed and unknown)."""
     status = runs.status
     error = runs.error.fillna("").astype(str).str.strip().str.replace(r"\s+", " ", regex=True)
-    reason = pd.Series(
+    return pd.Series(
         np.select(
             [
                 status.eq("failed") & error.ne(""),
                 status.eq("failed"),
                 status.eq("running"),
                 status.eq("interrupted"),
-                ~status.isin(["completed", "unknown"]),
-                status.eq("completed") & ~runs.has_results,
-                status.eq("completed") & ~complete,
-                status.eq("unknown") & ~runs.has_results,
-                status.eq("unknown") & ~complete,
+                ~status.isin(ANALYSABLE_STATUSES),
             ],
             [
                 "failed: " + error.str.slice(0, 300),
@@ -87,19 +124,41 @@ def _judge(runs: pd.DataFrame) -> pd.DataFrame:
                 "still running, or stopped without updating run.json",
                 "interrupted",
                 "status " + status.astype(str),
+            ],
+            default="",
+        ),
+        index=runs.index,
+        dtype=str,
+    )
+
+
+def _completeness_reason(runs: pd.DataFrame) -> pd.Series:
+    """Why a completed (or unknown-status) run's rows are not the whole run."""
+    complete = runs.epochs_done.ge(runs.epochs.astype("Float64")).fillna(False).astype(bool)
+    status = runs.status
+    return pd.Series(
+        np.select(
+            [
+                status.eq("completed") & ~runs.has_results,
+                status.eq("completed") & ~complete,
+                status.eq("unknown") & ~complete,
+            ],
+            [
                 "completed but has no results.csv",
                 "completed but results.csv has " + _k_of_n(runs),
-                "run.json unreadable and no results.csv",
                 "no run.json and results.csv has only " + _k_of_n(runs),
             ],
             default="",
         ),
         index=runs.index,
+        dtype=str,
     )
-    known = runs.problem.fillna("")
-    problem = reason.where(known.eq(""), reason.where(reason.eq(""), reason + "; ") + known)
-    return runs.assign(problem=problem, included=problem.eq(""))
+
+
+def _join(left: pd.Series, right: pd.Series) -> pd.Series:
+    """Two columns of messages joined with '; ', skipping empty ones."""
+    return left.where(right.eq(""), left.where(left.eq(""), left + "; ") + right)
 
 
 def _k_of_n(runs: pd.DataFrame) -> pd.Series:
-    return runs.epochs_done.astype(str) + " of " + runs.epochs.astype(str).replace("<NA>", "?") + " epochs"
+    return runs.epochs_done.astype(str) + " of " + runs.epochs.map(format_value) + " epochs"

@@ -6,15 +6,44 @@ RUN_JSON = "run.json"
 # Settings every row repeats: together they say which experiment a run is.
 STRING_SETTINGS = ("model", "dataset", "optimizer", "backend", "device")
 NUMERIC_SETTINGS = (
-    "num_nodes", "num_gpus", "world_size", "batch_size", "global_batch_size",
-    "lr", "seed", "epochs",
+    "num_nodes",
+    "num_gpus",
+    "world_size",
+    "batch_size",
+    "global_batch_size",
+    "lr",
+    "seed",
+    "epochs",
 )
 # Per-epoch measurements.
 METRICS = (
-    "epoch", "train_loss", "train_acc", "val_loss", "val_acc",
-    "epoch_time_s", "elapsed_s", "images_per_sec",
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "epoch_time_s",
+    "elapsed_s",
+    "images_per_sec",
 )
-REQUIRED = (*STRING_SETTINGS, *NUMERIC_SETTINGS, *METRICS)
+# In DESIGN.md's order, which error messages keep.
+REQUIRED = (
+    "model",
+    "dataset",
+    "optimizer",
+    "num_nodes",
+    "num_gpus",
+    "world_size",
+    "backend",
+    "device",
+    "batch_size",
+    "global_batch_size",
+    "lr",
+    "seed",
+    "epochs",
+    *METRICS,
+)
+assert set(REQUIRED) == {*STRING_SETTINGS, *NUMERIC_SETTINGS, *METRICS}
 
 # Optional columns that also tell runs apart when present (a bf16 run is not a
 # repeat of an fp32 run), so they join the settings used for grouping.
@@ -29,9 +58,22 @@ MISSING_VALUES = frozenset({"", "nan", "NaN", "NAN", "-nan", "None", "null", "NA
 
 # Display order for settings; also the seed-less key that aggregates repeats.
 SETTINGS_ORDER = (
-    "model", "dataset", "optimizer", "precision", "data_loader", "backend", "device",
-    "launcher", "lr", "batch_size", "global_batch_size", "num_nodes", "num_gpus",
-    "world_size", "epochs", "seed",
+    "model",
+    "dataset",
+    "optimizer",
+    "precision",
+    "data_loader",
+    "backend",
+    "device",
+    "launcher",
+    "lr",
+    "batch_size",
+    "global_batch_size",
+    "num_nodes",
+    "num_gpus",
+    "world_size",
+    "epochs",
+    "seed",
 )
 WORLD = ("world_size", "num_nodes", "num_gpus")
 

@@ -4,23 +4,54 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .render import format_value
 from .schema import WORLD, config_keys
 
 # Scaling kind -> the batch setting held fixed while the world size grows.
 SCALING_KINDS = {"weak": "batch_size", "strong": "global_batch_size"}
 SCALING_COLUMNS = (
-    "scaling", "group", "group_label", "n_runs", "images_per_sec", "images_per_sec_std",
-    "speedup", "ideal_speedup", "efficiency", "epoch_time_s", "grad_sync_share",
-    "final_val_acc", "val_acc_change", "baseline_world_size",
+    "scaling",
+    "group",
+    "group_label",
+    "n_runs",
+    "images_per_sec",
+    "images_per_sec_std",
+    "speedup",
+    "ideal_speedup",
+    "efficiency",
+    "epoch_time_s",
+    "grad_sync_share",
+    "final_val_acc",
+    "val_acc_change",
+    "baseline_world_size",
 )
 ACCURACY_ORDER = (
-    "model", "dataset", "optimizer", "precision", "data_loader", "backend", "device",
-    "launcher", "lr", "global_batch_size", "world_size", "batch_size", "num_nodes",
-    "num_gpus", "epochs",
+    "model",
+    "dataset",
+    "optimizer",
+    "precision",
+    "data_loader",
+    "backend",
+    "device",
+    "launcher",
+    "lr",
+    "global_batch_size",
+    "world_size",
+    "batch_size",
+    "num_nodes",
+    "num_gpus",
+    "epochs",
 )
 ACCURACY_COLUMNS = (
-    "n_runs", "final_val_acc", "final_val_acc_std", "best_val_acc", "target_acc",
-    "n_reached", "epochs_to_target", "time_to_target_s", "elapsed_s",
+    "n_runs",
+    "final_val_acc",
+    "final_val_acc_std",
+    "best_val_acc",
+    "target_acc",
+    "n_reached",
+    "epochs_to_target",
+    "time_to_target_s",
+    "elapsed_s",
 )
 
 
@@ -103,12 +134,3 @@ def accuracy_table(configs: pd.DataFrame, target_acc: float) -> pd.DataFrame:
         .reindex(columns=[*settings, *ACCURACY_COLUMNS])
         .reset_index(drop=True)
     )
-
-
-def format_value(value) -> str:
-    """A setting as a short string: 0.1, 64, cnn."""
-    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
-        return "?"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)

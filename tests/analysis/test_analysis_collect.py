@@ -4,13 +4,15 @@ import json
 
 import pandas as pd
 import pytest
-from analysis_files import COLUMNS, run_rows, write_results, write_run_json
+from analysis_files import COLUMNS, new_sweep, run_rows, write_results, write_run_json
 
-from multirun_analysis.collect import collect, find_run_dirs
+from multirun_analysis.collect import collect
+from multirun_analysis.discover import find_run_dirs
 from multirun_analysis.sweep import analyse
 
 
-def test_runs_are_found_at_any_depth_and_hidden_folders_are_skipped(write_run, sweep_dir):
+def test_runs_are_found_at_any_depth_and_hidden_folders_are_skipped(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
     write_run("a")
     write_run("2026-12-02/11-00-00/3")
     write_run_json(sweep_dir / "only_json", status="failed", error="boom")
@@ -19,16 +21,24 @@ def test_runs_are_found_at_any_depth_and_hidden_folders_are_skipped(write_run, s
     assert found == ["/2026-12-02/11-00-00/3", "/a", "/only_json"]
 
 
-def test_overlapping_sweep_dirs_count_each_run_once(write_run, sweep_dir):
+def test_overlapping_sweep_dirs_count_each_run_once(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
     write_run("x/1")
     assert len(collect([sweep_dir, sweep_dir / "x"]).runs) == 1
 
 
-def test_settings_come_from_the_rows_and_extra_columns_are_kept(write_run, sweep_dir):
+def test_settings_come_from_the_rows_and_extra_columns_are_kept(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
     write_run("r", world_size=4, batch_size=32, lr=0.05, seed=7, grad_sync_share=0.25)
     collected = collect([sweep_dir])
     run = collected.runs.iloc[0]
-    assert (run.world_size, run.batch_size, run.global_batch_size, run.lr, run.seed) == (4, 32, 128, 0.05, 7)
+    assert (run.world_size, run.batch_size, run.global_batch_size, run.lr, run.seed) == (
+        4,
+        32,
+        128,
+        0.05,
+        7,
+    )
     assert run.status == "completed" and run.problem == ""
     epochs = collected.epochs
     assert epochs.warmup.tolist() == [True, False, False]
@@ -36,7 +46,8 @@ def test_settings_come_from_the_rows_and_extra_columns_are_kept(write_run, sweep
     assert epochs.launcher.tolist() == ["spawn"] * 3
 
 
-def test_unknown_extra_columns_are_tolerated(sweep_dir):
+def test_unknown_extra_columns_are_tolerated(tmp_path):
+    sweep_dir, _ = new_sweep(tmp_path)
     rows = [dict(r, note="hello", step_time_p50_s=0.01) for r in run_rows()]
     write_results(sweep_dir / "r", rows, columns=[*COLUMNS, "note", "step_time_p50_s"])
     collected = collect([sweep_dir])
@@ -45,24 +56,31 @@ def test_unknown_extra_columns_are_tolerated(sweep_dir):
     assert collected.epochs.step_time_p50_s.tolist() == [0.01] * 3
 
 
-def test_run_without_rows_takes_its_settings_from_run_json(sweep_dir):
-    write_run_json(sweep_dir / "r", status="failed", error="CUDA out of memory",
-                   rows=run_rows(world_size=2, batch_size=128, lr=0.3))
+def test_run_without_rows_takes_its_settings_from_run_json(tmp_path):
+    sweep_dir, _ = new_sweep(tmp_path)
+    write_run_json(
+        sweep_dir / "r",
+        status="failed",
+        error="CUDA out of memory",
+        rows=run_rows(world_size=2, batch_size=128, lr=0.3),
+    )
     run = collect([sweep_dir]).runs.iloc[0]
     assert (run.world_size, run.batch_size, run.global_batch_size, run.lr) == (2, 128, 256, 0.3)
     assert run.status == "failed" and run.error == "CUDA out of memory"
     assert not run.has_results
 
 
-def test_truncated_last_line_is_skipped_and_reported(write_run, sweep_dir):
+def test_truncated_last_line_is_skipped_and_reported(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
     csv_path = write_run("r") / "results.csv"
     csv_path.write_text(csv_path.read_text()[:-30])  # the writer died mid-line
     collected = collect([sweep_dir])
     assert collected.epochs.epoch.tolist() == [1, 2]
-    assert "results.csv is truncated: line 4 is incomplete" in collected.runs.problem[0]
+    assert "results.csv is truncated: line 4 has no line end" in collected.runs.problem[0]
 
 
-def test_truncated_line_that_ends_in_a_newline_is_caught_by_its_field_count(write_run, sweep_dir):
+def test_truncated_line_that_ends_in_a_newline_is_caught_by_its_field_count(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
     csv_path = write_run("r") / "results.csv"
     lines = csv_path.read_text().splitlines()
     csv_path.write_text("\n".join([*lines[:-1], ",".join(lines[-1].split(",")[:5])]) + "\n")
@@ -70,7 +88,8 @@ def test_truncated_line_that_ends_in_a_newline_is_caught_by_its_field_count(writ
     assert "line 4 has 5 fields, the header has 24" in problem
 
 
-def test_header_only_and_empty_files(sweep_dir):
+def test_header_only_and_empty_files(tmp_path):
+    sweep_dir, _ = new_sweep(tmp_path)
     write_results(sweep_dir / "header_only", [])
     (sweep_dir / "empty").mkdir()
     (sweep_dir / "empty" / "results.csv").write_text("")
@@ -79,14 +98,20 @@ def test_header_only_and_empty_files(sweep_dir):
     assert by_name == {"empty": "results.csv is empty (no header)", "header_only": ""}
 
 
-def test_missing_required_column_is_reported_by_name(sweep_dir):
-    write_results(sweep_dir / "r", run_rows(), columns=[c for c in COLUMNS if c not in ("images_per_sec", "lr")])
+def test_missing_required_column_is_reported_by_name(tmp_path):
+    sweep_dir, _ = new_sweep(tmp_path)
+    write_results(
+        sweep_dir / "r",
+        run_rows(),
+        columns=[c for c in COLUMNS if c not in ("images_per_sec", "lr")],
+    )
     collected = collect([sweep_dir])
     assert collected.runs.problem[0] == "results.csv lacks required column(s): lr, images_per_sec"
     assert collected.epochs.empty
 
 
-def test_non_numeric_value_is_reported_with_column_and_value(sweep_dir):
+def test_non_numeric_value_is_reported_with_column_and_value(tmp_path):
+    sweep_dir, _ = new_sweep(tmp_path)
     rows = run_rows()
     rows[1]["images_per_sec"] = "fast"
     write_results(sweep_dir / "r", rows)
@@ -94,7 +119,8 @@ def test_non_numeric_value_is_reported_with_column_and_value(sweep_dir):
     assert problem == "results.csv: non-numeric value 'fast' in column images_per_sec"
 
 
-def test_nan_metric_is_a_result_not_a_bad_file(sweep_dir):
+def test_nan_metric_is_a_result_not_a_bad_file(tmp_path):
+    sweep_dir, _ = new_sweep(tmp_path)
     rows = run_rows()
     rows[2]["val_loss"] = "nan"  # a diverged run
     write_results(sweep_dir / "r", rows)
@@ -103,14 +129,16 @@ def test_nan_metric_is_a_result_not_a_bad_file(sweep_dir):
     assert collected.epochs.val_loss.isna().tolist() == [False, False, True]
 
 
-def test_empty_setting_is_a_problem(sweep_dir):
+def test_empty_setting_is_a_problem(tmp_path):
+    sweep_dir, _ = new_sweep(tmp_path)
     rows = run_rows()
     rows[0]["world_size"] = ""
     write_results(sweep_dir / "r", rows)
     assert collect([sweep_dir]).runs.problem[0] == "results.csv: empty value in column world_size"
 
 
-def test_bad_json_is_reported_and_the_status_is_unknown(write_run, sweep_dir):
+def test_bad_json_is_reported_and_the_status_is_unknown(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
     directory = write_run("r")
     (directory / "run.json").write_text('{"status": "completed",')
     run = collect([sweep_dir]).runs.iloc[0]
@@ -118,31 +146,45 @@ def test_bad_json_is_reported_and_the_status_is_unknown(write_run, sweep_dir):
     assert run.problem.startswith("run.json is not valid JSON (Expecting")
 
 
-@pytest.mark.parametrize("doc, problem", [
-    ([1, 2], "run.json is not a JSON object"),
-    ({"error": None}, "run.json has no status"),
-])
-def test_run_json_without_a_status(write_run, sweep_dir, doc, problem):
+@pytest.mark.parametrize(
+    "doc, problem",
+    [
+        ([1, 2], "run.json is not a JSON object"),
+        ({"error": None}, "run.json has no status"),
+    ],
+)
+def test_run_json_without_a_status(tmp_path, doc, problem):
+    sweep_dir, write_run = new_sweep(tmp_path)
     (write_run("r") / "run.json").write_text(json.dumps(doc))
     assert collect([sweep_dir]).runs.problem[0] == problem
 
 
-def test_rows_of_two_runs_in_one_file_are_a_problem(sweep_dir):
+def test_rows_of_two_runs_in_one_file_are_a_problem(tmp_path):
+    sweep_dir, _ = new_sweep(tmp_path)
     write_results(sweep_dir / "r", run_rows(lr=0.1) + run_rows(lr=0.2))
     problem = collect([sweep_dir]).runs.problem[0]
     assert "rows disagree on lr" in problem and "repeats epoch 1" in problem
 
 
-def test_every_run_is_listed_whatever_its_state(write_run, sweep_dir):
+def test_every_run_is_listed_whatever_its_state(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
     write_run("ok")
-    write_run("failed", status="failed", error="RuntimeError: NCCL timeout", images_per_sec=(900.0,), epochs=3)
+    write_run(
+        "failed",
+        status="failed",
+        error="RuntimeError: NCCL timeout",
+        images_per_sec=(900.0,),
+        epochs=3,
+    )
     write_run("running", status="running", images_per_sec=(900.0, 950.0), epochs=3)
     write_run("interrupted", status="interrupted", images_per_sec=(900.0,), epochs=3)
     write_run("no_json", run_json=False)
     write_run("no_json_partial", run_json=False, images_per_sec=(900.0,), epochs=3)
     write_run("short", images_per_sec=(900.0, 950.0), epochs=3)
     runs = analyse([sweep_dir]).runs
-    table = dict(zip(runs.path.str.rsplit("/", n=1).str[-1], zip(runs.status, runs.included, runs.problem)))
+    table = dict(
+        zip(runs.path.str.rsplit("/", n=1).str[-1], zip(runs.status, runs.included, runs.problem))
+    )
     assert table == {
         "ok": ("completed", True, ""),
         "failed": ("failed", False, "failed: RuntimeError: NCCL timeout"),
@@ -154,7 +196,8 @@ def test_every_run_is_listed_whatever_its_state(write_run, sweep_dir):
     }
 
 
-def test_epochs_table_is_tidy(write_run, sweep_dir):
+def test_epochs_table_is_tidy(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
     write_run("a", world_size=1)
     write_run("b", world_size=2)
     epochs = collect([sweep_dir]).epochs

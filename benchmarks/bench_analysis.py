@@ -1,0 +1,226 @@
+"""How long multirun_analysis takes on a large sweep.
+
+Writes a synthetic sweep of --runs run directories (default 10,000; results.csv with
+--epochs rows, run.json and a .hydra folder each, laid out like a Hydra multirun,
+with a few failed, running and truncated runs mixed in), then times:
+
+  1. collect: find and read every run (multirun_analysis.collect)
+  2. tables:  per-run metrics, seed aggregation, scaling and accuracy tables
+  3. the full command in a fresh interpreter, plots and report included
+
+    .venv/bin/python benchmarks/bench_analysis.py                 # temp dir, removed after
+    .venv/bin/python benchmarks/bench_analysis.py --dir /tmp/big  # kept for a look at the report
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+COLUMNS = [
+    "model",
+    "dataset",
+    "optimizer",
+    "num_nodes",
+    "num_gpus",
+    "world_size",
+    "backend",
+    "device",
+    "batch_size",
+    "global_batch_size",
+    "lr",
+    "seed",
+    "epochs",
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "epoch_time_s",
+    "elapsed_s",
+    "images_per_sec",
+    "warmup",
+    "step_time_p50_s",
+    "step_time_p90_s",
+    "grad_sync_share",
+    "eval_time_s",
+    "launcher",
+    "precision",
+    "data_loader",
+]
+LAYOUTS = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8)]  # (nodes, GPUs per node): world size 1..16
+BATCHES = [32, 64, 128, 256, 512]
+LRS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
+OPTIMIZERS = ["sgd", "adamw"]
+TRAIN_IMAGES = 60_000
+
+
+def write_sweep(root: Path, runs: int, epochs: int) -> None:
+    """A Hydra-like multirun: root/<date>/<time>/<job>/ with results.csv, run.json, .hydra/."""
+    rng = random.Random(0)
+    grid = itertools.cycle(itertools.product(LAYOUTS, BATCHES, LRS, OPTIMIZERS))
+    seeds: dict = {}
+    for job in range(runs):
+        setting = next(grid)
+        seed = seeds[setting] = seeds.get(setting, -1) + 1  # repeats of a setting differ by seed
+        (nodes, gpus), batch, lr, optimizer = setting
+        directory = root / "2026-12-02" / f"11-{job // 1000:02d}-00" / str(job)
+        (directory / ".hydra").mkdir(parents=True)
+        (directory / ".hydra" / "overrides.yaml").write_text(f"- distributed.num_gpus={gpus}\n")
+        fate = rng.random()
+        status = "failed" if fate < 0.01 else "running" if fate < 0.015 else "completed"
+        done = rng.randint(0, epochs - 1) if status != "completed" else epochs
+        text = _results(nodes, gpus, batch, lr, optimizer, seed, epochs, done, rng)
+        if 0.015 <= fate < 0.02:
+            text = text[: -rng.randint(5, 60)]  # killed mid-write
+        (directory / "results.csv").write_text(text)
+        (directory / "run.json").write_text(
+            json.dumps(
+                {
+                    "status": status,
+                    "error": "RuntimeError: NCCL watchdog timeout" if status == "failed" else None,
+                    "start_time": "2026-12-02T11:00:00",
+                    "end_time": None if status == "running" else "2026-12-02T11:09:00",
+                    "overrides": [
+                        f"distributed.num_gpus={gpus}",
+                        f"data.batch_size={batch}",
+                        f"optim.lr={lr}",
+                    ],
+                    "config": {
+                        "model": {"name": "cnn"},
+                        "data": {"name": "fashion_mnist", "batch_size": batch},
+                        "optim": {"name": optimizer, "lr": lr},
+                        "distributed": {"num_gpus": gpus, "num_nodes": nodes},
+                        "train": {"epochs": epochs, "seed": seed},
+                    },
+                    "versions": {"torch": "2.5.0"},
+                    "devices": ["NVIDIA H100"] * gpus,
+                    "git_commit": "abc123",
+                    "hostname": "node0",
+                    "launcher": "torchrun",
+                    "world_size": nodes * gpus,
+                    "output_dir": str(directory),
+                }
+            )
+        )
+
+
+def _results(nodes, gpus, batch, lr, optimizer, seed, epochs, done, rng) -> str:
+    world = nodes * gpus
+    per_worker = 2000 * batch / (batch + 64)
+    sync = min(0.6, 0.04 * (world - 1) ** 0.8 * (1.5 if nodes > 1 else 1.0) * 64 / batch)
+    throughput = world * per_worker * (1 - sync)
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(COLUMNS)
+    elapsed = 0.0
+    for epoch in range(1, done + 1):
+        ips = throughput * (0.6 if epoch == 1 else rng.uniform(0.97, 1.03))
+        epoch_time = TRAIN_IMAGES / ips
+        elapsed += epoch_time
+        acc = min(
+            0.93, 0.93 - 0.5 * (1 - min(1.0, lr * 20)) ** 2 - 0.02 * (world * batch / 1024) ** 0.5
+        ) * (1 - 0.5**epoch)
+        writer.writerow(
+            [
+                "cnn",
+                "fashion_mnist",
+                optimizer,
+                nodes,
+                gpus,
+                world,
+                "nccl",
+                "cuda",
+                batch,
+                batch * world,
+                lr,
+                seed,
+                epochs,
+                epoch,
+                1 - acc,
+                acc + 0.01,
+                1.05 - acc,
+                round(acc + rng.uniform(-0.005, 0.005), 4),
+                round(epoch_time, 4),
+                round(elapsed, 4),
+                round(ips, 2),
+                epoch == 1,
+                0.05,
+                0.06,
+                round(sync, 4),
+                1.5,
+                "torchrun",
+                "fp32",
+                "torch",
+            ]
+        )
+    return out.getvalue()
+
+
+def timed(label: str, fn):
+    start = time.perf_counter()
+    result = fn()
+    print(f"{label:<46} {time.perf_counter() - start:7.2f} s", flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="write the sweep (and DIR/analysis) here and keep it; reused if present",
+    )
+    args = parser.parse_args()
+
+    from multirun_analysis.collect import collect
+    from multirun_analysis.runs import summarise_runs
+    from multirun_analysis.tables import accuracy_table, configurations, scaling_table
+
+    with tempfile.TemporaryDirectory() as scratch:
+        root = args.dir or Path(scratch) / "sweep"
+        print(f"sweep: {args.runs:,} runs x {args.epochs} epochs in {root} ({os.cpu_count()} CPUs)")
+        if not (root / "2026-12-02").exists():
+            timed("write the sweep", lambda: write_sweep(root, args.runs, args.epochs))
+        collected = timed("collect (find and read every run)", lambda: collect([root]))
+
+        def tables():
+            runs = summarise_runs(collected.epochs, collected.runs, 0.9)
+            configs = configurations(runs)
+            return runs, configs, scaling_table(configs), accuracy_table(configs, 0.9)
+
+        runs, configs, scaling, accuracy = timed("tables (runs, seeds, scaling, accuracy)", tables)
+        print(
+            f"  -> {len(collected.epochs):,} epoch rows, {len(runs):,} runs "
+            f"({int(runs.included.sum()):,} analysed), {len(configs):,} configurations, "
+            f"{scaling.group.nunique()} scaling groups"
+        )
+        out = root / "analysis" if args.dir else Path(scratch) / "analysis"
+        command = [sys.executable, "-m", "multirun_analysis", str(root), "--out", str(out)]
+        result = timed(
+            "full command, fresh interpreter (plots, report)",
+            lambda: subprocess.run(command, cwd=REPO, capture_output=True, text=True),
+        )
+        if result.returncode != 0:
+            sys.exit(f"the command failed:\n{result.stderr}")
+        print("  -> " + result.stdout.strip().replace("\n", "\n  -> "))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""`python -m multirun_analysis` as a user runs it: in a subprocess, exit status and messages."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from analysis_files import new_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args, code=None):
+    """Run the command (or `python -c code`) from the repository root; return the finished process."""
+    command = (
+        [sys.executable, "-c", code, *args]
+        if code
+        else [sys.executable, "-m", "multirun_analysis", *args]
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_help():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    assert (
+        "SWEEP_DIR" in result.stdout
+        and "--target-acc" in result.stdout
+        and "--out" in result.stdout
+    )
+
+
+def test_missing_directory_is_a_clear_error(tmp_path):
+    result = run_cli(str(tmp_path / "nope"))
+    assert result.returncode == 2
+    assert (
+        result.stderr
+        == f"multirun_analysis: error: sweep directory {tmp_path / 'nope'} does not exist\n"
+    )
+
+
+def test_directory_without_runs_is_a_clear_error(tmp_path):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    result = run_cli(str(tmp_path / "empty"))
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        f"multirun_analysis: error: no runs found under {tmp_path / 'empty'}"
+    )
+    assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "empty" / "analysis").exists()
+
+
+def test_target_acc_must_be_a_fraction(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a")
+    result = run_cli(str(sweep_dir), "--target-acc", "90")
+    assert result.returncode == 2
+    assert "--target-acc=90 is not a fraction in (0, 1]" in result.stderr
+
+
+@pytest.fixture
+def two_sweeps(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for world_size, throughput in [(1, 1000.0), (2, 1800.0)]:
+        write_run(f"a/{world_size}", world_size=world_size, images_per_sec=(throughput,) * 3)
+    write_run("b/0", world_size=4, images_per_sec=(3000.0,) * 3)
+    return sweep_dir / "a", sweep_dir / "b"
+
+
+def test_report_is_written_to_the_default_out_without_importing_torch(two_sweeps):
+    a, b = two_sweeps
+    code = (
+        "import sys\n"
+        "from multirun_analysis.cli import main\n"
+        "status = main(sys.argv[1:])\n"
+        "print('torch imported:', 'torch' in sys.modules)\n"
+        "sys.exit(status)\n"
+    )
+    result = run_cli(str(a), str(b), code=code)
+    assert result.returncode == 0, result.stderr
+    assert "torch imported: False" in result.stdout
+    assert "3 runs found, 3 analysed, 0 listed under Problems" in result.stdout
+    html = (a / "analysis" / "report.html").read_text()
+    assert "data:image/png;base64," in html
+    assert "efficiency 0.75" in html  # world sizes 1 and 2 from a, 4 from b: one group
+
+
+def test_out_and_target_acc_options(two_sweeps, tmp_path):
+    a, _ = two_sweeps
+    result = run_cli(str(a), "--out", str(tmp_path / "study"), "--target-acc", "0.6")
+    assert result.returncode == 0, result.stderr
+    assert f"report: {tmp_path / 'study' / 'report.html'}" in result.stdout
+    accuracy = (tmp_path / "study" / "accuracy.csv").read_text()
+    assert "target_acc" in accuracy.splitlines()[0]
+    assert not (a / "analysis").exists()

@@ -1,0 +1,163 @@
+"""The files written into --out: tables, plots, and a report that opens with the findings."""
+
+import re
+
+import pandas as pd
+import pytest
+from analysis_files import COLUMNS, new_sweep, run_rows, write_results, write_run_json
+
+from multirun_analysis.render import format_cell, markdown_table
+from multirun_analysis.report import write_report
+from multirun_analysis.sweep import analyse
+
+OUTPUTS = {
+    "runs.csv",
+    "scaling.csv",
+    "accuracy.csv",
+    "runs.md",
+    "scaling.md",
+    "accuracy.md",
+    "report.md",
+    "report.html",
+    "scaling_weak.png",
+    "throughput.png",
+    "accuracy_heatmap.png",
+    "val_acc_curves.png",
+}
+
+
+@pytest.fixture(scope="module")
+def messy_out(tmp_path_factory):
+    """The report of a weak-scaling sweep plus one failed run and one truncated results.csv.
+
+    Written once for the tests that read it: plotting is the slow part.
+    """
+    sweep = tmp_path_factory.mktemp("messy") / "sweep"
+    for world_size, throughput in [(1, 1000.0), (2, 1800.0), (4, 3000.0)]:
+        rows = run_rows(
+            world_size=world_size,
+            images_per_sec=(throughput,) * 3,
+            val_acc=[0.6, 0.8, 0.92 - 0.01 * world_size],
+        )
+        write_results(sweep / str(world_size), rows)
+        write_run_json(sweep / str(world_size), rows=rows)
+    failed = run_rows(world_size=8, images_per_sec=(5000.0,), epochs=3)
+    write_results(sweep / "failed", failed)
+    write_run_json(
+        sweep / "failed", status="failed", error="RuntimeError: NCCL watchdog timeout", rows=failed
+    )
+    truncated = run_rows(world_size=8, images_per_sec=(5000.0,) * 3)
+    csv_path = write_results(sweep / "truncated", truncated)
+    csv_path.write_text(csv_path.read_text()[:-40])  # the writer died mid-line
+    write_run_json(sweep / "truncated", rows=truncated)
+    out = sweep.parent / "out"
+    write_report(analyse([sweep]), out)
+    return out
+
+
+def test_messy_sweep_is_analysed_and_both_bad_runs_are_listed(messy_out):
+    out = messy_out
+    assert OUTPUTS <= {p.name for p in out.iterdir()}
+    runs = (
+        pd.read_csv(out / "runs.csv")
+        .assign(name=lambda d: d.path.str.rsplit("/", n=1).str[-1])
+        .set_index("name")
+    )
+    assert runs.loc["failed", "problem"] == "failed: RuntimeError: NCCL watchdog timeout"
+    assert "results.csv is truncated" in runs.loc["truncated", "problem"]
+    assert not runs.loc[["failed", "truncated"], "included"].any()
+    report = (out / "report.md").read_text()
+    problems = report[report.index("## Problems") :]
+    assert "| failed | failed | failed: RuntimeError: NCCL watchdog timeout |" in problems
+    assert "| truncated | completed | results.csv is truncated: line 4 has no line end" in problems
+    scaling = pd.read_csv(out / "scaling.csv")
+    assert scaling.efficiency.tolist() == [1.0, 0.9, 0.75]
+    assert {
+        "scaling",
+        "world_size",
+        "images_per_sec",
+        "images_per_sec_std",
+        "n_runs",
+        "speedup",
+        "efficiency",
+        "epoch_time_s",
+        "grad_sync_share",
+        "batch_size",
+        "global_batch_size",
+        "lr",
+    } <= set(scaling.columns)
+
+
+def test_report_opens_with_findings_then_tables_plots_runs_problems(messy_out):
+    report = (messy_out / "report.md").read_text()
+    order = ["## Key findings", "## Scaling", "![", "## Accuracy", "## Runs", "## Problems"]
+    positions = [report.index(marker) for marker in order]
+    assert positions == sorted(positions)
+    findings = report[positions[0] : positions[1]]
+    assert "**Best throughput: 3,000 images/sec** with world size 4" in findings
+    assert "at world size 4, **efficiency 0.75** (speedup 3.00× over world size 1" in findings
+    assert "final val_acc changes by -0.030" in findings
+    assert (
+        "5 runs** found (4 completed, 1 failed); **3 analysed**. 2 left out (1 failed, 1 unreadable or incomplete)"
+        in findings
+    )
+    assert "Final val_acc ranges from 0.880 to 0.910" in findings
+
+
+def test_report_html_is_self_contained(messy_out):
+    html = (messy_out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') == 4  # no strong-scaling group here
+    sources = re.findall(r'(?:src|href)="([^"#][^"]*)"', html)
+    assert all(s.startswith("data:image/png;base64,") for s in sources)
+    assert "<link" not in html and "<script" not in html and "url(" not in html
+    assert html.index("Key findings") < html.index("<table")
+    assert '<a href="#problems">Problems</a>' in html and 'id="problems"' in html
+
+
+def test_single_world_size_still_writes_a_report(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a", lr=0.1)
+    write_run("b", lr=0.01)
+    write_report(analyse([sweep_dir]), tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "**Nothing to scale:** every analysed run used world size 1." in report
+    assert not (tmp_path / "scaling_weak.png").exists()
+    assert pd.read_csv(tmp_path / "scaling.csv").empty
+
+
+def test_no_completed_runs_still_writes_a_report(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a", status="failed", error="OOM", images_per_sec=(1.0,), epochs=3)
+    write_run("b", status="running", images_per_sec=(1.0,), epochs=3)
+    write_report(analyse([sweep_dir]), tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "**No run could be analysed**" in report
+    assert "| a | failed | failed: OOM |" in report
+    assert {"report.html", "runs.csv", "accuracy.csv"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_markdown_tables_escape_pipes_and_format_numbers():
+    frame = pd.DataFrame({"problem": ["a|b"], "images_per_sec": ["1,800"]})
+    assert markdown_table(frame) == "| problem | images_per_sec |\n|---|---|\n| a\\|b | 1,800 |"
+    assert format_cell("images_per_sec", 1800.0) == "1800"
+    assert format_cell("images_per_sec", 12345.6) == "12,346"
+    assert format_cell("efficiency", 0.9) == "0.90"
+    assert format_cell("final_val_acc", 0.91234) == "0.912"
+    assert format_cell("lr", 0.001) == "0.001"
+    assert format_cell("time_to_target_s", float("nan")) == "–"
+
+
+def test_runs_without_any_rows_are_listed(tmp_path):
+    sweep_dir, _ = new_sweep(tmp_path)
+    write_run_json(sweep_dir / "a", status="failed", error="CUDA error: out of memory")
+    write_run_json(sweep_dir / "b", status="running")
+    write_results(sweep_dir / "c", [], columns=["model", "dataset"])
+    write_report(analyse([sweep_dir]), tmp_path)
+    runs = pd.read_csv(tmp_path / "runs.csv", keep_default_na=False)
+    assert runs.problem.tolist() == [
+        "failed: CUDA error: out of memory",
+        "still running, or stopped without updating run.json",
+        "results.csv lacks required column(s): " + ", ".join(COLUMNS[2:21]),
+    ]
+    assert runs.epochs_done.tolist() == [0, 0, 0]
+    assert "**No run could be analysed**" in (tmp_path / "report.md").read_text()
