@@ -1,0 +1,128 @@
+"""Performance knobs, each in a real 2-worker run on the CPU; real Fashion-MNIST."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from conftest import QUICK, output, read_rows, read_run, run_train
+from ddpscale.config import CNNConfig, DataConfig, OptimConfig
+from ddpscale.data import build_data, load_split
+from ddpscale.distributed import (
+    Placement, Rendezvous, WorkerContext, free_port, process_group, wrap_ddp,
+)
+from ddpscale.config import DistributedConfig
+from ddpscale.models import CNN
+from ddpscale.results import Reporter
+from ddpscale.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("knobs,column,value", [
+    (["train.precision=bf16"], "precision", "bf16"),
+    (["train.channels_last=true"], "precision", "fp32"),
+    (["distributed.bucket_cap_mb=1", "distributed.gradient_as_bucket_view=false",
+      "distributed.static_graph=true"], "world_size", "2"),
+    (["train.grad_accum_steps=2"], "grad_accum_steps", "2"),
+    (["data.loader=dataloader", "data.num_workers=1"], "data_loader", "dataloader"),
+    (["model=wide_resnet", "model.depth=10", "model.width=1", "train.precision=bf16",
+      "train.channels_last=true"], "model", "wide_resnet"),
+    (["train.compile=true", "train.epochs=1"], "model", "cnn"),
+])
+def test_each_knob_trains_on_the_cpu(tmp_path, knobs, column, value):
+    proc = run_train(*QUICK, "distributed.num_gpus=2", f"hydra.run.dir={tmp_path}", *knobs,
+                     timeout=400)
+    assert proc.returncode == 0, output(proc)
+    rows = read_rows(tmp_path)
+    assert rows[-1][column] == value
+    assert all(0 <= float(r["val_acc"]) <= 1 and float(r["train_loss"]) > 0 for r in rows)
+    assert read_run(tmp_path)["replicas_identical"]
+
+
+def test_fp16_on_the_cpu_is_refused_with_the_fix(tmp_path):
+    proc = run_train(*QUICK, "train.precision=fp16", "distributed.device=cpu",
+                     f"hydra.run.dir={tmp_path}", timeout=60)
+    assert proc.returncode == 2
+    assert "train.precision=fp16 needs CUDA; use train.precision=bf16" in output(proc)
+
+
+def test_results_carry_step_times_warmup_and_sync_share(tmp_path):
+    proc = run_train(*QUICK, "distributed.num_gpus=2", "train.sync_probe_steps=2",
+                     f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, output(proc)
+    rows = read_rows(tmp_path)
+    assert [r["warmup"] for r in rows] == ["True", "False"]
+    for r in rows:
+        assert 0 < float(r["step_time_p50_s"]) <= float(r["step_time_p90_s"])
+        assert 0 <= float(r["grad_sync_share"]) < 1
+        assert float(r["eval_time_s"]) > 0
+
+
+def test_accumulating_two_half_batches_matches_one_full_batch(tmp_path):
+    """no_sync accumulation: same data, same order, same gradients (dropout off)."""
+    common = [*QUICK, "distributed.num_gpus=2", "model.dropout=0", "train.epochs=1",
+              "train.sync_probe_steps=0"]
+    full = run_train(*common, "data.batch_size=32", f"hydra.run.dir={tmp_path}/full")
+    accum = run_train(*common, "data.batch_size=16", "train.grad_accum_steps=2",
+                      f"hydra.run.dir={tmp_path}/accum")
+    assert full.returncode == 0 and accum.returncode == 0, output(accum)
+    a, b = read_rows(tmp_path / "full")[-1], read_rows(tmp_path / "accum")[-1]
+    assert float(a["val_loss"]) == pytest.approx(float(b["val_loss"]), rel=1e-3)
+    assert float(a["train_loss"]) == pytest.approx(float(b["train_loss"]), rel=1e-3)
+
+
+def _count_allreduces(rank: int, world: int, port: int, accum: int, out: str) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    placement = Placement(rank, rank, world, world, 0)
+    ctx = WorkerContext(placement, torch.device("cpu"), "gloo", "spawn")
+    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30), hosts_store=rank == 0):
+        data_cfg = DataConfig(name="synthetic", train_size=256, val_size=64, batch_size=16,
+                              mean=0.0, std=1.0, noise=2.0)
+        torch.manual_seed(0)
+        model = wrap_ddp(CNN(CNNConfig(), data_cfg), ctx, DistributedConfig(bucket_cap_mb=100))
+        calls = []
+
+        def counting_hook(state, bucket):
+            calls.append(bucket.index())
+            return allreduce_hook(state, bucket)
+
+        model.register_comm_hook(None, counting_hook)
+        trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                          build_data(data_cfg, rank, world, 0, ctx.device), ctx,
+                          Reporter(False, None, {}, 1), grad_accum_steps=accum)
+        trainer.train_epoch(1)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(len(calls), f)
+
+
+@pytest.mark.parametrize("accum,expected", [(1, 8), (2, 4), (4, 2)])
+def test_accumulation_steps_skip_the_allreduce(tmp_path, accum, expected):
+    out = tmp_path / "calls.json"
+    mp.spawn(_count_allreduces, args=(2, free_port(), accum, str(out)), nprocs=2)
+    assert json.loads(out.read_text()) == expected  # 8 batches per rank, one bucket
+
+
+def test_fashion_mnist_loads_and_trains_on_a_subset(tmp_path, fmnist_root):
+    cfg = DataConfig(name="fashion_mnist", root=str(fmnist_root), download=False,
+                     train_size=2048, val_size=512, mean=0.2860, std=0.3530)
+    train, val = load_split(cfg, train=True), load_split(cfg, train=False)
+    assert train.images.shape == (2048, 1, 28, 28) and train.images.dtype == torch.uint8
+    assert val.images.shape == (512, 1, 28, 28)
+    assert set(train.labels.tolist()) == set(range(10))
+    bundle = build_data(cfg, 0, 1, 0, torch.device("cpu"))
+    x = bundle.train.x
+    assert abs(x.mean().item()) < 0.1 and abs(x.std().item() - 1) < 0.1, "normalised"
+
+    proc = run_train(f"data.root={fmnist_root}", "data.train_size=4096", "data.val_size=1000",
+                     "train.epochs=1", "distributed.num_gpus=2", "train.sync_probe_steps=0",
+                     f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, output(proc)
+    row = read_rows(tmp_path)[-1]
+    assert row["dataset"] == "fashion_mnist" and int(row["val_count"]) == 1000
+    assert float(row["val_acc"]) > 0.6
