@@ -98,11 +98,12 @@ def _missing_files(folder: Path) -> list[str]:
 
 
 def _missing_message(cfg: DataConfig, folder: Path, why: str) -> str:
+    fixes = [] if cfg.download else ["data.download=true to fetch it"]
+    fixes += [f"data.root=DIR with DIR/{folder.parent.name}/raw/ holding the files",
+              "data=synthetic to train on generated data"]
     return (
         f"data={cfg.name}: no data in {folder.resolve()} (looked for "
-        f"{', '.join(_missing_files(folder))}, plain or .gz) and {why}. Fix: "
-        f"data.download=true to fetch it, data.root=DIR with DIR/{folder.parent.name}/raw/ "
-        "holding the files, or data=synthetic to train on generated data"
+        f"{', '.join(_missing_files(folder))}, plain or .gz) and {why}. Fix: {', or '.join(fixes)}"
     )
 
 
