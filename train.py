@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ddpscale.data import build_data  # noqa: E402
 from ddpscale.distributed import WorkerContext, device_names, wrap_ddp  # noqa: E402
 from ddpscale.launch import run_job  # noqa: E402
 from ddpscale.models import build_model  # noqa: E402
-from ddpscale.optim import build_optimizer  # noqa: E402
+from ddpscale.optim import build_optimizer, build_scheduler  # noqa: E402
 from ddpscale.results import Reporter, settings_row  # noqa: E402
 from ddpscale.sweep import register_resolvers  # noqa: E402
 from ddpscale.trainer import Trainer, build_precision  # noqa: E402
@@ -41,9 +42,12 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
     if cfg.train.compile:
         model = torch.compile(model)
     ddp_model = wrap_ddp(model, ctx, cfg.distributed)
+    optimizer = build_optimizer(ddp_model.parameters(), cfg.optim)
+    steps = cfg.train.epochs * math.ceil(len(data.train) / cfg.train.grad_accum_steps)
     trainer = Trainer(
         model=ddp_model,
-        optimizer=build_optimizer(ddp_model.parameters(), cfg.optim),
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg.optim, total_steps=steps),
         data=data,
         ctx=ctx,
         reporter=Reporter(ctx.is_main, out_dir, settings_row(cfg, ctx), cfg.train.epochs,

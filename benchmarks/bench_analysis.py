@@ -30,37 +30,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-COLUMNS = [
-    "model",
-    "dataset",
-    "optimizer",
-    "num_nodes",
-    "num_gpus",
-    "world_size",
-    "backend",
-    "device",
-    "batch_size",
-    "global_batch_size",
-    "lr",
-    "seed",
-    "epochs",
-    "epoch",
-    "train_loss",
-    "train_acc",
-    "val_loss",
-    "val_acc",
-    "epoch_time_s",
-    "elapsed_s",
-    "images_per_sec",
-    "warmup",
-    "step_time_p50_s",
-    "step_time_p90_s",
-    "grad_sync_share",
-    "eval_time_s",
-    "launcher",
-    "precision",
-    "data_loader",
-]
+from multirun_analysis.schema import EXTRA_NUMERIC, EXTRA_SETTINGS, REQUIRED  # noqa: E402
+
+# The columns train.py writes: the contract's, then the optional ones the analysis reads.
+COLUMNS = [*REQUIRED, "warmup", *EXTRA_NUMERIC, *EXTRA_SETTINGS]
 LAYOUTS = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8)]  # (nodes, GPUs per node): world size 1..16
 BATCHES = [32, 64, 128, 256, 512]
 LRS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
@@ -162,9 +135,9 @@ def _results(nodes, gpus, batch, lr, optimizer, seed, epochs, done, rng) -> str:
                 0.06,
                 round(sync, 4),
                 1.5,
-                "torchrun",
                 "fp32",
-                "torch",
+                "memory",
+                "torchrun",
             ]
         )
     return out.getvalue()

@@ -113,6 +113,9 @@ class OptimConfig:
     """Learning rate (> 0); the key users sweep."""
     weight_decay: float = 0.0
     """L2 penalty (sgd) or decoupled weight decay (adamw); >= 0."""
+    schedule: str = "cosine"
+    """Learning-rate schedule over the whole run, stepped per optimizer step:
+    cosine (from lr down to 0) or constant."""
 
 
 @dataclass
@@ -248,6 +251,7 @@ _CHOICES = {
     "distributed.backend": ("auto", "nccl", "gloo"),
     "distributed.device": ("auto", "cuda", "cpu"),
     "train.precision": ("fp32", "bf16", "fp16"),
+    "optim.schedule": ("cosine", "constant"),
 }
 
 

@@ -29,3 +29,12 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
     if cfg.name not in OPTIMIZERS:
         raise ConfigError(f"optim={cfg.name!r} is unknown; valid: {', '.join(OPTIMIZERS)}")
     return OPTIMIZERS[cfg.name](params, cfg)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
+    """Per-step learning-rate schedule: cosine from cfg.lr to 0, or constant."""
+    if cfg.schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    if cfg.schedule == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total_steps))
+    raise ConfigError(f"optim.schedule={cfg.schedule!r} is unknown; valid: cosine, constant")

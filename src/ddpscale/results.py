@@ -102,22 +102,17 @@ class RunRecord:
 
 
 def versions() -> dict[str, str | None]:
-    """Versions of the libraries that shape the results."""
-    found: dict[str, str | None] = {"python": platform.python_version()}
-    for name in ("torch", "torchvision", "hydra", "omegaconf", "numpy"):
-        module = sys.modules.get(name)
-        if module is None:
-            try:
-                module = __import__(name)
-            except ImportError:
-                module = None
-        found[name] = getattr(module, "__version__", None)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        found["cuda"] = torch.version.cuda
-    from ddpscale import __version__
+    """Versions of the libraries that shape the results (read from metadata: no imports)."""
+    from importlib import metadata
 
-    found["ddpscale"] = __version__
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("torch", "torchvision", "hydra-core", "omegaconf", "numpy", "ddpscale"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    torch = sys.modules.get("torch")
+    found["cuda"] = torch.version.cuda if torch is not None else None
     return found
 
 

@@ -78,6 +78,7 @@ class Trainer:
     grad_accum_steps: int = 1
     channels_last: bool = False
     sync_probe_steps: int = 0
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
 
     def fit(self, epochs: int) -> list[EpochStats]:
@@ -187,6 +188,8 @@ class Trainer:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
 
     def _synchronize(self) -> None:
         if self.ctx.device.type == "cuda":

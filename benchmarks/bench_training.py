@@ -1,0 +1,481 @@
+"""Training speed: ddpscale against the textbook DDP loop, the machine's limit, a bare script.
+
+    .venv/bin/python benchmarks/bench_training.py                 # about 4-6 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_training.py --quick         # smoke run, about a minute
+    .venv/bin/python benchmarks/bench_training.py --json out.json # also save the figures
+
+Every figure is measured in this run, on this machine, each in its own process:
+
+1. throughput: `python train.py ...` exactly as a user runs it (images/sec of epoch 2 from
+   its results.csv) against benchmarks/textbook_ddp.py (the hand-written DataLoader +
+   DistributedSampler + ToTensor/Normalize recipe), same CNN, batch size, world size and
+   training images; both report epoch 2 (epoch 1 is warm-up), summed over ranks.
+2. weak scaling, one thread per worker: 1 worker; 2 ddpscale workers; 2 textbook workers;
+   and the machine's limit: 2 processes training the same way (ddpscale's in-memory
+   batches, same model, same shards) at the same time with no process group, summed.
+3. start to first training step: a bare script (import torch, read the data, build the
+   model, one step) against a one-step `train.py` run; ddpscale's first step is bounded
+   by the moment its results.csv row appears (the row follows the step, the reductions
+   and an evaluation of 64 images), so its overhead is if anything overstated.
+
+Each worker does --steps steps of --batch-size per epoch (train_size = steps x batch x
+world size), so every configuration runs equally long per worker. The throughput cases
+run --repeats times, interleaved, and the best is kept (all values are printed); the
+start-up cases run --startup-repeats times and the median is kept. Other load on the
+machine lowers every figure, and the load average is printed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+THIS = Path(__file__).resolve()
+TEXTBOOK = THIS.parent / "textbook_ddp.py"
+PY = sys.executable
+MEAN, STD = 0.2860, 0.3530  # conf/data/fashion_mnist.yaml
+LR = 0.05  # conf/optim/sgd.yaml
+RAW_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+TARGETS = {"vs_textbook": 1.25, "vs_limit": 0.95, "startup_s": 3.0}
+
+
+@dataclass
+class Case:
+    """One throughput configuration and what it measured."""
+
+    key: str
+    label: str
+    world: int  # worker processes
+    threads: str  # per worker, as configured
+    command: list[str] = field(default_factory=list)
+    images_per_sec: list[float] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> float:
+        return max(self.images_per_sec) if self.images_per_sec else float("nan")
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run(cmd: list[str], timeout: float, cwd: Path = REPO) -> tuple[str, float, float]:
+    """Run a command in its own session; (stdout, start time, end time); raise on failure."""
+    start = time.time()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers it spawned, too
+        proc.communicate()
+        raise RuntimeError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}")
+    except BaseException:  # Ctrl-C: its own session does not see the SIGINT, so end it here
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    end = time.time()
+    if proc.returncode != 0:
+        tail = "\n".join((out + err).strip().splitlines()[-25:])
+        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{tail}")
+    return out, start, end
+
+
+def results_rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def tagged(out: str) -> list[dict]:
+    return [json.loads(line[len("RESULT "):]) for line in out.splitlines() if line.startswith("RESULT ")]
+
+
+def ddpscale_cmd(world: int, train_size: int, val_size: int, epochs: int, batch: int,
+                 run_dir: Path, data_root: str | None, threads: int | None = None) -> list[str]:
+    cmd = [PY, "train.py", f"distributed.num_gpus={world}", f"data.batch_size={batch}",
+           f"data.train_size={train_size}", f"data.val_size={val_size}",
+           f"train.epochs={epochs}", "train.sync_probe_steps=0"]
+    if threads:
+        cmd.append(f"train.threads={threads}")
+    if data_root:
+        cmd.append(f"data.root={data_root}")
+    return cmd + [f"hydra.run.dir={run_dir}"]
+
+
+class Bench:
+    """Holds the settings and the temp directory; one method per kind of measurement."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path):
+        self.args, self.tmp = args, tmp
+        self.raw = find_raw(args.data_root)
+        # train.py resolves data.root against the repository when run from it
+        self.ddp_root = None if self.raw.parent.parent == REPO / "data" else str(self.raw.parent.parent)
+        self.tv_root = tmp / "torchvision"  # torchvision extracts its own copy here
+        (self.tv_root / "FashionMNIST" / "raw").mkdir(parents=True)
+        for name in RAW_FILES:
+            shutil.copy(self.raw / name, self.tv_root / "FashionMNIST" / "raw" / name)
+        self.count = 0
+
+    def size(self, world: int) -> int:
+        return self.args.steps * self.args.batch_size * world
+
+    def fresh_dir(self, name: str) -> Path:
+        self.count += 1
+        return self.tmp / f"{self.count:03d}-{name}"
+
+    def ddpscale(self, case: Case, threads: int | None = None) -> None:
+        run_dir = self.fresh_dir(case.key)
+        case.command = ddpscale_cmd(case.world, self.size(case.world), self.args.val_size, 2,
+                                    self.args.batch_size, run_dir, self.ddp_root, threads)
+        run(case.command, self.args.timeout)
+        row = next(r for r in results_rows(run_dir) if r["epoch"] == "2")
+        case.images_per_sec.append(float(row["images_per_sec"]))
+        case.extra.setdefault("step_time_p50_s", []).append(float(row["step_time_p50_s"]))
+
+    def textbook(self, case: Case, threads: int | None = None) -> None:
+        case.command = [PY, str(TEXTBOOK), "--root", str(self.tv_root), "--world-size", str(case.world),
+                        "--batch-size", str(self.args.batch_size), "--train-size",
+                        str(self.size(case.world)), "--epochs", "2", "--lr", str(LR)]
+        if threads:
+            case.command += ["--threads", str(threads)]
+        out, _, _ = run(case.command, self.args.timeout)
+        row = next(r for r in tagged(out) if r["epoch"] == 2)
+        case.images_per_sec.append(row["images_per_sec"])
+        case.extra["threads_seen"] = row["threads"]
+
+    def nosync(self, case: Case) -> None:
+        case.command = [PY, str(THIS), "--worker", "nosync", "--procs", str(case.world),
+                        "--steps", str(self.args.steps), "--batch-size", str(self.args.batch_size),
+                        "--data-root", str(self.raw.parent.parent)]
+        out, _, _ = run(case.command, self.args.timeout)
+        row = next(r for r in tagged(out) if r["epoch"] == 2)
+        case.images_per_sec.append(row["images_per_sec"])
+        case.extra["ddpscale_threads_at_2_workers"] = row["ddpscale_threads_at_2_workers"]
+
+    def startup_bare(self) -> tuple[float, float, list[str]]:
+        cmd = [PY, str(THIS), "--worker", "bare", "--batch-size", str(self.args.batch_size),
+               "--data-root", str(self.raw.parent.parent)]
+        out, start, end = run(cmd, self.args.timeout)
+        first = next(r for r in tagged(out))["first_step_done"]
+        return first - start, end - start, cmd
+
+    def startup_ddpscale(self, world: int) -> tuple[float, float, list[str]]:
+        run_dir = self.fresh_dir(f"startup-ws{world}")
+        cmd = ddpscale_cmd(world, self.args.batch_size * world, 64, 1, self.args.batch_size,
+                           run_dir, self.ddp_root)
+        _, start, end = run(cmd, self.args.timeout)
+        written = (run_dir / "results.csv").stat().st_mtime
+        return written - start, end - start, cmd
+
+
+def find_raw(data_root: str | None) -> Path:
+    candidates = [Path(data_root)] if data_root else [REPO / "data", REPO.parent / "shared" / "data"]
+    for root in candidates:
+        raw = root / "FashionMNIST" / "raw"
+        if all((raw / name).is_file() for name in RAW_FILES):
+            return raw
+    raise SystemExit(f"no Fashion-MNIST .gz files under {', '.join(str(c) for c in candidates)}"
+                     "/FashionMNIST/raw; pass --data-root DIR")
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def benchmark(args: argparse.Namespace) -> dict:
+    machine = describe_machine()
+    print_header(args, machine)
+    with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
+        bench = Bench(args, Path(tmp))
+        cases = {c.key: c for c in [
+            Case("ddp2", "ddpscale, 2 workers", 2, "cores//2 (ddpscale's rule)"),
+            Case("tb2", "textbook, 2 workers", 2, "torch default"),
+            Case("tb2_1t", "textbook, 2 workers, 1 thread", 2, "1"),
+            Case("limit2", "limit: 2 procs, no sync", 2, "1"),
+            Case("solo1", "1 proc, no sync", 1, "1"),
+            Case("ddp1_1t", "ddpscale, 1 worker, 1 thread", 1, "1 (train.threads=1)"),
+        ] + ([] if args.quick else [
+            Case("ddp1", "ddpscale, 1 worker", 1, "cores (ddpscale's rule)"),
+            Case("tb1", "textbook, 1 worker", 1, "torch default"),
+        ])}
+        plan = {
+            "ddp2": lambda c: bench.ddpscale(c), "tb2": lambda c: bench.textbook(c),
+            "tb2_1t": lambda c: bench.textbook(c, threads=1), "limit2": bench.nosync,
+            "solo1": bench.nosync, "ddp1_1t": lambda c: bench.ddpscale(c, threads=1),
+            "ddp1": lambda c: bench.ddpscale(c), "tb1": lambda c: bench.textbook(c),
+        }
+        for rep in range(args.repeats):  # interleaved, so drift in the load hits every case
+            for key, case in cases.items():
+                t0 = time.time()
+                plan[key](case)
+                print(f"  [{rep + 1}/{args.repeats}] {case.label:<32} {case.images_per_sec[-1]:8.0f} img/s"
+                      f"  ({time.time() - t0:.0f}s)", flush=True)
+        startup = {"bare": [], "ddp1": [], "ddp2": []}
+        commands = {}
+        for rep in range(args.startup_repeats):
+            for key, fn in [("bare", bench.startup_bare), ("ddp1", lambda: bench.startup_ddpscale(1)),
+                            ("ddp2", lambda: bench.startup_ddpscale(2))]:
+                if key == "ddp2" and args.quick:
+                    continue
+                first, wall, commands[key] = fn()
+                startup[key].append({"first_step_s": first, "wall_s": wall})
+                print(f"  [{rep + 1}/{args.startup_repeats}] start-up {key:<5} first step {first:5.2f}s"
+                      f"  wall {wall:5.2f}s", flush=True)
+    figures = summarise(cases, {k: v for k, v in startup.items() if v})
+    report = {"machine": machine, "settings": settings(args),
+              "cases": {k: asdict(c) for k, c in cases.items()},
+              "startup": {k: v for k, v in startup.items() if v},
+              "startup_commands": {k: " ".join(v) for k, v in commands.items()},
+              "figures": figures}
+    report["machine"]["loadavg_end"] = os.getloadavg()
+    print_report(report, cases)
+    return report
+
+
+def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
+    best = {k: c.best for k, c in cases.items()}
+    f = {
+        "ddpscale_vs_textbook_ws2": best["ddp2"] / best["tb2"],
+        "ddpscale_ws2_vs_limit": best["ddp2"] / best["limit2"],
+        "textbook_1thread_ws2_vs_limit": best["tb2_1t"] / best["limit2"],
+        "limit_vs_twice_one_proc": best["limit2"] / (2 * best["solo1"]),
+        "ddpscale_weak_scaling_efficiency": best["ddp2"] / (2 * best["ddp1_1t"]),
+    }
+    if "ddp1" in best and "tb1" in best:
+        f["ddpscale_vs_textbook_ws1"] = best["ddp1"] / best["tb1"]
+    median = {k: statistics.median(r["first_step_s"] for r in v) for k, v in startup.items()}
+    f["first_step_s"] = median
+    f["startup_overhead_s"] = {k: median[k] - median["bare"] for k in median if k != "bare"}
+    f["targets"] = {
+        "ddpscale >= 1.25x textbook (ws2)": f["ddpscale_vs_textbook_ws2"] >= TARGETS["vs_textbook"],
+        "ddpscale ws2 >= 0.95x limit": f["ddpscale_ws2_vs_limit"] >= TARGETS["vs_limit"],
+        "start-up <= bare + 3 s (1 worker)": f["startup_overhead_s"]["ddp1"] <= TARGETS["startup_s"],
+    }
+    return f
+
+
+# --------------------------------------------------------------------------- output
+
+
+def describe_machine() -> dict:
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    versions = {}
+    for pkg in ("torch", "torchvision", "hydra-core"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {"cpu": model, "logical_cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "python": platform.python_version(), "versions": versions,
+            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+            "loadavg_start": os.getloadavg()}
+
+
+def settings(args: argparse.Namespace) -> dict:
+    return {"batch_size": args.batch_size, "steps_per_worker_epoch": args.steps,
+            "repeats": args.repeats, "startup_repeats": args.startup_repeats,
+            "val_size": args.val_size, "quick": args.quick}
+
+
+def print_header(args: argparse.Namespace, m: dict) -> None:
+    print(f"machine : {m['cpu']}, {m['logical_cores']} logical cores ({m['usable_cores']} usable), "
+          f"python {m['python']}, torch {m['versions']['torch']}, torchvision {m['versions']['torchvision']}")
+    print(f"load    : {m['loadavg_start'][0]:.2f} (1-min average at start)"
+          + (f", OMP_NUM_THREADS={m['omp_num_threads_env']}" if m["omp_num_threads_env"] else ""))
+    if m["loadavg_start"][0] > 0.5 * (m["usable_cores"] or 1):
+        print("warning : other work is running on this machine; every figure below is lowered and noisy")
+    print(f"settings: default CNN, batch {args.batch_size} per worker, {args.steps} steps per worker "
+          f"per epoch, epoch 2 timed (epoch 1 warm-up), best of {args.repeats}; start-up median of "
+          f"{args.startup_repeats}\n", flush=True)
+
+
+def print_report(report: dict, cases: dict[str, Case]) -> None:
+    f = report["figures"]
+
+    def row(key: str) -> str:
+        c = cases[key]
+        values = ", ".join(f"{v:.0f}" for v in c.images_per_sec)
+        return f"  {c.label:<32} {c.world:>2}  {c.threads:<27} {c.best:8.0f}   [{values}]"
+
+    head = f"  {'':<32} {'ws':>2}  {'threads per worker':<27} {'img/s':>8}   [all repeats]"
+    print("\n1. ddpscale vs the textbook DDP loop (same CNN, batch, world size, images)")
+    print(head)
+    for key in ("ddp2", "tb2", "ddp1", "tb1"):
+        if key in cases:
+            print(row(key))
+    print(f"  ratio ddpscale / textbook, 2 workers: {f['ddpscale_vs_textbook_ws2']:.2f}x"
+          f"   (target >= {TARGETS['vs_textbook']})")
+    if "ddpscale_vs_textbook_ws1" in f:
+        print(f"  ratio ddpscale / textbook, 1 worker : {f['ddpscale_vs_textbook_ws1']:.2f}x")
+
+    print("\n2. weak scaling, one thread per worker")
+    print(head)
+    for key in ("solo1", "ddp1_1t", "limit2", "ddp2", "tb2_1t"):
+        print(row(key))
+    print(f"  ddpscale's threads per worker at 2 workers: "
+          f"{cases['limit2'].extra.get('ddpscale_threads_at_2_workers')} (distributed.cpu_threads)")
+    print(f"  ddpscale 2 workers / limit        : {f['ddpscale_ws2_vs_limit']:.3f}   (target >= {TARGETS['vs_limit']})")
+    print(f"  textbook 2 workers / limit        : {f['textbook_1thread_ws2_vs_limit']:.3f}   (issue: about 0.84)")
+    print(f"  limit / (2 x one process)         : {f['limit_vs_twice_one_proc']:.3f}   (issue: about 0.84)")
+    print(f"  ddpscale 2 workers / (2 x 1 worker): {f['ddpscale_weak_scaling_efficiency']:.3f}")
+
+    print("\n3. start to first training step (seconds from process start; median)")
+    for key, label in (("bare", "bare script"), ("ddp1", "ddpscale, 1 worker"), ("ddp2", "ddpscale, 2 workers")):
+        if key in report["startup"]:
+            walls = statistics.median(r["wall_s"] for r in report["startup"][key])
+            extra = "" if key == "bare" else f"   overhead {f['startup_overhead_s'][key]:+.2f}s"
+            print(f"  {label:<22} first step {f['first_step_s'][key]:5.2f}s   whole run {walls:5.2f}s{extra}")
+    print(f"  target: overhead <= {TARGETS['startup_s']:.0f}s (1 worker, the default job)")
+
+    print("\ntargets: " + "; ".join(f"{k}: {'met' if ok else 'MISSED'}" for k, ok in f["targets"].items()))
+    print(f"load    : {report['machine']['loadavg_end'][0]:.2f} (1-min average at end)")
+    print("\ncommands (one repeat):")
+    for c in cases.values():
+        print(f"  {c.label}: {' '.join(c.command)}")
+    for key, cmd in report["startup_commands"].items():
+        print(f"  start-up {key}: {cmd}")
+
+
+# --------------------------------------------------------------------------- worker modes
+
+
+def nosync_main(args: argparse.Namespace) -> None:
+    """--procs processes training ddpscale's way at the same time, no process group."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(args.procs), ctx.SimpleQueue()
+    mp.spawn(nosync_worker, args=(args, barrier, queue), nprocs=args.procs)
+    rows = [queue.get() for _ in range(args.procs * 2)]
+    sys.path.insert(0, str(REPO / "src"))
+    from ddpscale.distributed import cpu_threads
+
+    for epoch in (1, 2):
+        rate = sum(r["images_per_sec"] for r in rows if r["epoch"] == epoch)
+        print("RESULT " + json.dumps({"epoch": epoch, "images_per_sec": rate,
+                                      "ddpscale_threads_at_2_workers": cpu_threads(2)}), flush=True)
+
+
+def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
+    """ddpscale's in-memory batches and loop body, minus DDP: this process's own shard."""
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(REPO / "src"))
+    from ddpscale.config import CNNConfig, DataConfig
+    from ddpscale.data import MemoryBatches, load_split, normalised
+    from ddpscale.models import CNN
+
+    data = DataConfig(name="fashion_mnist", root=args.data_root, batch_size=args.batch_size,
+                      train_size=args.steps * args.batch_size * args.procs, mean=MEAN, std=STD)
+    torch.manual_seed(0)
+    split = load_split(data, train=True)
+    sampler = DistributedSampler(range(len(split)), num_replicas=args.procs, rank=rank, seed=0)
+    batches = MemoryBatches(normalised(split, data), split.labels, sampler, args.batch_size)
+    model = CNN(CNNConfig(), data)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for epoch in (1, 2):
+        batches.set_epoch(epoch)
+        model.train()
+        totals = torch.zeros(3, dtype=torch.float64)
+        barrier.wait()  # start together, as the DDP ranks do after their barrier
+        start = time.perf_counter()
+        for x, y in batches:
+            logits = model(x)
+            loss = loss_fn(logits, y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():  # the same per-step bookkeeping as ddpscale's trainer
+                totals += torch.stack([loss.detach().double() * len(y), (logits.argmax(1) == y).sum().double(),
+                                       torch.tensor(float(len(y)), dtype=torch.float64)])
+        seconds = time.perf_counter() - start
+        queue.put({"epoch": epoch, "rank": rank, "images_per_sec": totals[2].item() / seconds})
+
+
+def bare_main(args: argparse.Namespace) -> None:
+    """The least a training script must do before its first step; prints when it is done."""
+    import gzip
+
+    import numpy as np
+    import torch
+    from torch import nn
+
+    raw = Path(args.data_root) / "FashionMNIST" / "raw"
+    images = np.frombuffer(gzip.decompress((raw / RAW_FILES[0]).read_bytes()), np.uint8, offset=16)
+    labels = np.frombuffer(gzip.decompress((raw / RAW_FILES[1]).read_bytes()), np.uint8, offset=8)
+    x = torch.from_numpy(images.reshape(-1, 1, 28, 28).copy()).float().div_(255).sub_(MEAN).div_(STD)
+    y = torch.from_numpy(labels.astype(np.int64))
+    model = nn.Sequential(  # ddpscale's default CNN, layer for layer
+        nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Dropout(0.25), nn.Flatten(), nn.Linear(64 * 12 * 12, 128), nn.ReLU(), nn.Dropout(0.5),
+        nn.Linear(128, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    loss = nn.functional.cross_entropy(model(x[:args.batch_size]), y[:args.batch_size])
+    loss.backward()
+    optimizer.step()
+    print("RESULT " + json.dumps({"first_step_done": time.time(), "loss": loss.item()}), flush=True)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-size", type=int, default=128, help="per worker (default 128)")
+    p.add_argument("--steps", type=int, default=None, help="steps per worker per epoch (default 20; quick 4)")
+    p.add_argument("--repeats", type=int, default=None, help="throughput repeats, best kept (default 2; quick 1)")
+    p.add_argument("--startup-repeats", type=int, default=None, help="start-up repeats, median kept (default 3; quick 1)")
+    p.add_argument("--val-size", type=int, default=512, help="validation images of the ddpscale runs (untimed)")
+    p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/*.gz (default: data/, then ../shared/data)")
+    p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, one repeat, no 1-worker default-thread cases")
+    p.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
+    p.add_argument("--timeout", type=float, default=300, help="seconds allowed per subprocess")
+    p.add_argument("--worker", choices=["nosync", "bare"], help=argparse.SUPPRESS)
+    p.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.steps = args.steps or (4 if quick else 20)
+    args.repeats = args.repeats or (1 if quick else 2)
+    args.startup_repeats = args.startup_repeats or (1 if quick else 3)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker == "nosync":
+        nosync_main(args)
+        return 0
+    if args.worker == "bare":
+        bare_main(args)
+        return 0
+    report = benchmark(args)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+        print(f"\nfigures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
