@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from conftest import QUICK, fashion_mnist_root, output, read_rows, read_run, run_train
 from ddpscale.config import DataConfig
 from ddpscale.data import build_data
-from ddpscale.distributed import Placement, Rendezvous, free_port, process_group
+from ddpscale.distributed import Placement, Rendezvous, host_store, process_group
 from ddpscale.results import REQUIRED_COLUMNS
 
 
@@ -19,7 +19,7 @@ def _shards(rank: int, world: int, port: int, out: str, data_cfg: DataConfig) ->
     import torch.distributed as dist
 
     placement = Placement(rank, rank, world, world, 0)
-    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30), hosts_store=rank == 0):
+    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30)):
         bundle = build_data(data_cfg, rank, world, seed=0, device=torch.device("cpu"))
         mine = {"val_size": len(bundle.val_y)}
         for epoch in (1, 2):
@@ -42,7 +42,8 @@ def shards(tmp_path, loader: str, world: int = 2, train_size: int = 103) -> list
     cfg = DataConfig(name="synthetic", train_size=train_size, val_size=37, batch_size=8,
                      loader=loader, mean=0.0, std=1.0, noise=1.0, seed=3)
     out = tmp_path / f"shards-{loader}.json"
-    mp.spawn(_shards, args=(world, free_port(), str(out), cfg), nprocs=world)
+    store = host_store("127.0.0.1", None, world, 30)  # as the launcher does: the parent hosts it
+    mp.spawn(_shards, args=(world, store.port, str(out), cfg), nprocs=world)
     return [{k if not k.isdigit() else int(k): v for k, v in r.items()} for r in json.loads(out.read_text())]
 
 

@@ -9,10 +9,10 @@ import torch
 import torch.multiprocessing as mp
 
 from conftest import QUICK, output, read_rows, read_run, run_train
-from ddpscale.config import CNNConfig, DataConfig, OptimConfig
+from ddpscale.config import CNNConfig, DataConfig
 from ddpscale.data import build_data, load_split
 from ddpscale.distributed import (
-    Placement, Rendezvous, WorkerContext, free_port, process_group, wrap_ddp,
+    Placement, Rendezvous, WorkerContext, host_store, process_group, wrap_ddp,
 )
 from ddpscale.config import DistributedConfig
 from ddpscale.models import CNN
@@ -80,7 +80,7 @@ def _count_allreduces(rank: int, world: int, port: int, accum: int, out: str) ->
 
     placement = Placement(rank, rank, world, world, 0)
     ctx = WorkerContext(placement, torch.device("cpu"), "gloo", "spawn")
-    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30), hosts_store=rank == 0):
+    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30)):
         data_cfg = DataConfig(name="synthetic", train_size=256, val_size=64, batch_size=16,
                               mean=0.0, std=1.0, noise=2.0)
         torch.manual_seed(0)
@@ -104,7 +104,8 @@ def _count_allreduces(rank: int, world: int, port: int, accum: int, out: str) ->
 @pytest.mark.parametrize("accum,expected", [(1, 8), (2, 4), (4, 2)])
 def test_accumulation_steps_skip_the_allreduce(tmp_path, accum, expected):
     out = tmp_path / "calls.json"
-    mp.spawn(_count_allreduces, args=(2, free_port(), accum, str(out)), nprocs=2)
+    store = host_store("127.0.0.1", None, 2, 30)  # as the launcher does: the parent hosts it
+    mp.spawn(_count_allreduces, args=(2, store.port, accum, str(out)), nprocs=2)
     assert json.loads(out.read_text()) == expected  # 8 batches per rank, one bucket
 
 

@@ -1,4 +1,4 @@
-"""All distributed plumbing: who launched us, who am I, the process group, rank-0 output.
+"""All distributed plumbing: who launched us, who am I, devices, the process group.
 
 No other module reads RANK/SLURM_* or calls `init_process_group`. Three launchers:
 
@@ -146,6 +146,14 @@ def slurm_rendezvous(d: DistributedConfig, env: Mapping[str, str] = os.environ) 
         addr = _first_host(nodelist) if nodelist else "127.0.0.1"  # submitit local: one host
     port = d.master_port or 20000 + int(_slurm_var(env, "JOB_ID") or 0) % 20000
     return Rendezvous(addr, port, d.timeout_s)
+
+
+def launched_rendezvous(launcher: str, d: DistributedConfig,
+                        env: Mapping[str, str] = os.environ) -> Rendezvous:
+    """Where launched workers meet: torchrun's MASTER_ADDR/PORT, or SLURM's node 0."""
+    if launcher == TORCHRUN:
+        return Rendezvous(env["MASTER_ADDR"], int(env["MASTER_PORT"]), d.timeout_s)
+    return slurm_rendezvous(d, env)
 
 
 def _first_host(nodelist: str) -> str:
@@ -298,6 +306,9 @@ def process_group(
         ) from err
     try:
         yield
+        # Leave together: a rank that hosts the store must not exit while others still
+        # talk to it.
+        dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -315,20 +326,3 @@ def free_port(addr: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((addr, 0))
         return s.getsockname()[1]
-
-
-# --------------------------------------------------------------------------- rank-0 output
-
-
-class RankZeroLog:
-    """Log lines from global rank 0 only; warnings and errors from every rank, tagged."""
-
-    def __init__(self, rank: int, logger: logging.Logger = log):
-        self.rank, self.logger = rank, logger
-
-    def info(self, msg: str, *args) -> None:
-        if self.rank == 0:
-            self.logger.info(msg, *args)
-
-    def warning(self, msg: str, *args) -> None:
-        self.logger.warning(f"[rank {self.rank}] {msg}", *args)

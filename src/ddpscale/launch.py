@@ -73,7 +73,7 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
     holds_rank0 = placement.is_main if placement else _node_id(raw_cfg) == 0
     record = RunRecord(out_dir) if holds_rank0 else None
     try:
-        cfg = _typed_config(raw_cfg, placement)
+        cfg = _typed_config(raw_cfg, launcher, placement)
         if record:
             record.start(overrides=overrides, config=as_dict(cfg), launcher=launcher,
                          output_dir=str(out_dir), world_size=_world(cfg))
@@ -128,7 +128,7 @@ def _world(cfg: Config) -> int:
     return cfg.distributed.num_nodes * cfg.distributed.num_gpus
 
 
-def _typed_config(raw_cfg: Any, placement: ddist.Placement | None) -> Config:
+def _typed_config(raw_cfg: Any, launcher: str, placement: ddist.Placement | None) -> Config:
     """Typed config with absolute data.root; under torchrun/SLURM the world comes from them."""
     cfg = to_config(raw_cfg)
     cfg.data.root = str(Path(_original_path(cfg.data.root)).expanduser())
@@ -139,11 +139,8 @@ def _typed_config(raw_cfg: Any, placement: ddist.Placement | None) -> Config:
             log.info("notice: the launcher's world (%d process(es) per node x %d node(s)) "
                      "replaces distributed.num_gpus/num_nodes", launched[0], launched[1])
         d.num_gpus, d.num_nodes, d.node_id = launched
-        if os.environ.get("MASTER_ADDR"):  # torchrun
-            d.master_addr, d.master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        else:  # SLURM: node 0's host and a port derived from the job id
-            rendezvous = ddist.slurm_rendezvous(d)
-            d.master_addr, d.master_port = rendezvous.addr, rendezvous.port
+        rendezvous = ddist.launched_rendezvous(launcher, d)
+        d.master_addr, d.master_port = rendezvous.addr, rendezvous.port
     return cfg
 
 

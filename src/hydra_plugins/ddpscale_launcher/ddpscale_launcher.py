@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 
 class _ShapedLauncher(BaseSubmititLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        import submitit
 
         assert self.config is not None and self.hydra_context is not None
         groups: dict[tuple[int, int], list[tuple[int, list[str]]]] = defaultdict(list)
