@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow
     (["distributed.bucket_cap_mb=1", "distributed.gradient_as_bucket_view=false",
       "distributed.static_graph=true"], "world_size", "2"),
     (["train.grad_accum_steps=2"], "grad_accum_steps", "2"),
+    (["distributed.comm_hook=bf16"], "world_size", "2"),
     (["data.loader=dataloader", "data.num_workers=1"], "data_loader", "dataloader"),
     (["model=wide_resnet", "model.depth=10", "model.width=1", "train.precision=bf16",
       "train.channels_last=true"], "model", "wide_resnet"),

@@ -173,6 +173,9 @@ class DistributedConfig:
     """Let gradients alias DDP's communication buckets (saves a copy and memory)."""
     static_graph: bool = False
     """Tell DDP the graph is the same every step (lets it skip some bookkeeping)."""
+    comm_hook: str = "none"
+    """Gradient compression for the all-reduce: none, bf16 or fp16 (DDP's compress hooks;
+    half the bytes, gradients rounded to 16 bits in transit)."""
 
 
 # --------------------------------------------------------------------------- train
@@ -250,6 +253,7 @@ _CHOICES = {
     "data.loader": ("memory", "dataloader"),
     "distributed.backend": ("auto", "nccl", "gloo"),
     "distributed.device": ("auto", "cuda", "cpu"),
+    "distributed.comm_hook": ("none", "bf16", "fp16"),
     "train.precision": ("fp32", "bf16", "fp16"),
     "optim.schedule": ("cosine", "constant"),
 }

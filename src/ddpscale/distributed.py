@@ -237,13 +237,19 @@ def device_names(device: torch.device) -> list[str]:
 
 def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -> DDP:
     """DDP around the model; it broadcasts rank 0's weights so replicas start identical."""
-    return DDP(
+    ddp = DDP(
         model,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         bucket_cap_mb=d.bucket_cap_mb,
         gradient_as_bucket_view=d.gradient_as_bucket_view,
         static_graph=d.static_graph,
     )
+    if d.comm_hook != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hooks = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
+        ddp.register_comm_hook(None, hooks[d.comm_hook])
+    return ddp
 
 
 # --------------------------------------------------------------------------- rendezvous
