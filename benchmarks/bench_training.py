@@ -392,11 +392,15 @@ def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
     import torch
     from torch.utils.data import DistributedSampler
 
-    torch.set_num_threads(1)
     sys.path.insert(0, str(REPO / "src"))
-    from ddpscale.config import CNNConfig, DataConfig
+    from ddpscale.config import CNNConfig, DataConfig, TrainConfig
     from ddpscale.data import MemoryBatches, load_split, normalised
+    from ddpscale.distributed import configure_cpu_worker
     from ddpscale.models import CNN
+
+    # The process set up exactly as a ddpscale CPU worker with train.threads=1 (threads
+    # and allocator), so the limit differs from ddpscale only by the missing sync.
+    configure_cpu_worker(args.procs, threads=1, malloc_cache=TrainConfig().malloc_cache)
 
     data = DataConfig(name="fashion_mnist", root=args.data_root, batch_size=args.batch_size,
                       train_size=args.steps * args.batch_size * args.procs, mean=MEAN, std=STD)

@@ -203,6 +203,10 @@ class TrainConfig:
     """Show a progress bar (global rank 0 only)."""
     threads: Optional[int] = None
     """CPU threads per worker (null: the cores this process may use // num_gpus)."""
+    malloc_cache: bool = True
+    """CPU workers: keep freed memory for reuse (glibc malloc without mmap for big blocks
+    and without trimming), so a step does not page-fault its activations in afresh;
+    false: the C library's defaults."""
 
 
 # --------------------------------------------------------------------------- top level

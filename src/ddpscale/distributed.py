@@ -215,6 +215,38 @@ def resolve_device(d: DistributedConfig, notice=log.info) -> tuple[str, str]:
     return device, backend
 
 
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed blocks for reuse; True when it took effect.
+
+    By default glibc serves blocks above a threshold with mmap and gives freed memory back
+    to the system, so every training step maps its activation tensors afresh and touches
+    each new page (about 16,000 page faults per step for the CNN at batch 128, a fifth of
+    its step time on a 2-core VM). With no mmap threshold and no trimming, a step reuses
+    the previous step's memory; the process keeps its peak footprint until it exits.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl, ...): leave it alone
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from <malloc.h>
+    limit = 1 << 30
+    # Older glibc refuses mmap thresholds above 32 MiB on 64-bit machines.
+    mmap_ok = mallopt(m_mmap_threshold, limit) or mallopt(m_mmap_threshold, 32 << 20)
+    return bool(mmap_ok and mallopt(m_trim_threshold, limit))
+
+
+def configure_cpu_worker(local_world_size: int, threads: int | None, malloc_cache: bool) -> int:
+    """Threads and allocator of a CPU worker process; returns its thread count."""
+    count = cpu_threads(local_world_size, threads)
+    torch.set_num_threads(count)
+    if malloc_cache:
+        keep_freed_memory()
+    return count
+
+
 def cpu_threads(local_world_size: int, requested: int | None = None) -> int:
     """This worker's share of the cores it may run on (never oversubscribes)."""
     if requested:

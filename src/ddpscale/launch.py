@@ -239,7 +239,8 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
         device = torch.device("cuda", placement.local_rank)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(ddist.cpu_threads(placement.local_world_size, plan.cfg.train.threads))
+        ddist.configure_cpu_worker(placement.local_world_size, plan.cfg.train.threads,
+                                   plan.cfg.train.malloc_cache)
     ctx = ddist.WorkerContext(placement, device, plan.backend, plan.launcher)
     with ddist.process_group(placement, plan.backend, plan.rendezvous, hosts_store=hosts_store):
         out_dir = _agree_on_output_dir(Path(plan.out_dir), placement)
