@@ -47,7 +47,7 @@ assert set(REQUIRED) == {*STRING_SETTINGS, *NUMERIC_SETTINGS, *METRICS}
 
 # Optional columns that also tell runs apart when present (a bf16 run is not a
 # repeat of an fp32 run), so they join the settings used for grouping.
-EXTRA_SETTINGS = ("precision", "data_loader", "launcher")
+EXTRA_SETTINGS = ("precision", "data_loader", "launcher", "comm_hook")
 # Optional numeric columns; a bad value there becomes NaN instead of a problem.
 EXTRA_NUMERIC = ("step_time_p50_s", "step_time_p90_s", "grad_sync_share", "eval_time_s")
 
@@ -66,6 +66,7 @@ SETTINGS_ORDER = (
     "backend",
     "device",
     "launcher",
+    "comm_hook",
     "lr",
     "batch_size",
     "global_batch_size",

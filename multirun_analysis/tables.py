@@ -34,6 +34,7 @@ ACCURACY_ORDER = (
     "backend",
     "device",
     "launcher",
+    "comm_hook",
     "lr",
     "global_batch_size",
     "world_size",

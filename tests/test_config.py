@@ -107,7 +107,7 @@ def test_typos_and_wrong_types_fail_at_compose_time(overrides, error):
     (["distributed.num_nodes=2", "distributed.master_addr=h"], "needs distributed.master_port"),
     (["model=wide_resnet", "model.depth=12"], "model.depth=12 must be 6n\\+4"),
     (["data.loader=fast"], "data.loader='fast' is not one of memory, dataloader"),
-    (["distributed.comm_hook=int8"], "distributed.comm_hook='int8' is not one of none, bf16, fp16"),
+    (["distributed.comm_hook=int8"], "distributed.comm_hook='int8' is not one of auto, none, shm, bf16, fp16"),
     (["optim.schedule=linear"], "optim.schedule='linear' is not one of cosine, constant"),
     (["optim=adamw", "optim.beta2=1.0"], "optim.beta2=1.0 must be in"),
 ])
@@ -131,6 +131,8 @@ def test_bad_values_name_the_key(overrides, error):
     (["distributed.num_nodes=2", "distributed.node_id=1"], "distributed.master_addr"),
     (["distributed.backend=nccl", "distributed.device=cpu"], "distributed.backend=nccl needs CUDA"),
     (["distributed.device=cuda"], "CUDA devices are visible"),
+    (["distributed.comm_hook=shm", "distributed.num_nodes=2", "distributed.master_addr=127.0.0.1",
+      "distributed.master_port=29999"], "distributed.comm_hook=shm needs CPU workers on one node"),
 ])
 def test_bad_input_on_the_command_line_fails_fast(tmp_path, overrides, message):
     start = time.monotonic()

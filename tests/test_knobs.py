@@ -87,7 +87,9 @@ def _count_allreduces(rank: int, world: int, port: int, accum: int, out: str) ->
         data_cfg = DataConfig(name="synthetic", train_size=256, val_size=64, batch_size=16,
                               mean=0.0, std=1.0, noise=2.0)
         torch.manual_seed(0)
-        model = wrap_ddp(CNN(CNNConfig(), data_cfg), ctx, DistributedConfig(bucket_cap_mb=100))
+        # DDP's own all-reduce, so that the counting hook below is the only hook
+        model = wrap_ddp(CNN(CNNConfig(), data_cfg), ctx,
+                         DistributedConfig(bucket_cap_mb=100, comm_hook="none"))
         calls = []
 
         def counting_hook(state, bucket):

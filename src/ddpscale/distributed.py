@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddpscale import shm_allreduce
 from ddpscale.config import ConfigError, DistributedConfig
 
 log = logging.getLogger("ddpscale")
@@ -267,6 +268,30 @@ def device_names(device: torch.device) -> list[str]:
     return [f"{model} ({os.cpu_count()} logical cores)"]
 
 
+def resolve_comm_hook(name: str, device: str, world_size: int, num_nodes: int) -> str:
+    """The gradient all-reduce a run uses: none (DDP's, over the process group), shm, bf16, fp16.
+
+    auto picks shared memory for CPU workers that all sit on one machine, where it
+    replaces loopback TCP, and DDP's own all-reduce everywhere else. Raises ConfigError
+    for an explicit shm that cannot work here.
+    """
+    shm_possible = device == "cpu" and num_nodes == 1
+    if name == "shm" and not shm_possible:
+        where = "CUDA workers" if device != "cpu" else f"{num_nodes} nodes"
+        raise ConfigError(
+            f"distributed.comm_hook=shm needs CPU workers on one node, but this run has {where}; "
+            "use distributed.comm_hook=auto (or none)"
+        )
+    if name == "shm" and not shm_allreduce.supported():
+        raise ConfigError(
+            "distributed.comm_hook=shm needs Linux on x86-64 with /dev/shm; "
+            "use distributed.comm_hook=auto (or none)"
+        )
+    if name == "auto":
+        name = "shm" if shm_possible and shm_allreduce.supported() else "none"
+    return "none" if name == "shm" and world_size == 1 else name
+
+
 def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -> DDP:
     """DDP around the model; it broadcasts rank 0's weights so replicas start identical."""
     ddp = DDP(
@@ -276,11 +301,22 @@ def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -
         gradient_as_bucket_view=d.gradient_as_bucket_view,
         static_graph=d.static_graph,
     )
-    if d.comm_hook != "none":
+    hook = resolve_comm_hook(d.comm_hook, ctx.device.type, ctx.world_size, ctx.placement.num_nodes)
+    if hook == "shm":
+        try:
+            state = shm_allreduce.SharedMemoryAllreduce(ctx.rank, ctx.world_size, d.timeout_s)
+        except shm_allreduce.SegmentUnavailable as err:  # every rank learns it from rank 0
+            if d.comm_hook == "shm":
+                raise
+            if ctx.is_main:
+                log.warning("warning: %s; gradients go through %s instead", err, ctx.backend)
+        else:
+            ddp.register_comm_hook(state, shm_allreduce.allreduce_hook)
+    elif hook != "none":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         hooks = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
-        ddp.register_comm_hook(None, hooks[d.comm_hook])
+        ddp.register_comm_hook(None, hooks[hook])
     return ddp
 
 

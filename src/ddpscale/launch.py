@@ -81,6 +81,10 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
         device, backend = ddist.resolve_device(cfg.distributed, notice=log.info if holds_rank0 else _quiet)
         if cfg.train.precision == "fp16" and device != "cuda":
             raise ConfigError("train.precision=fp16 needs CUDA; use train.precision=bf16 on the CPU")
+        d = cfg.distributed
+        comm_hook = ddist.resolve_comm_hook(d.comm_hook, device, _world(cfg), d.num_nodes)
+        if record:
+            record.update(grad_allreduce=comm_hook)
         if launcher == ddist.SPAWN:
             data_lib.prepare(cfg.data)
             summary = _spawn(cfg, worker, out_dir, device, backend)

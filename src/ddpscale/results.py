@@ -33,6 +33,7 @@ REQUIRED_COLUMNS = [
 EXTRA_COLUMNS = [
     "warmup", "step_time_p50_s", "step_time_p90_s", "grad_sync_share", "eval_time_s",
     "train_count", "val_count", "launcher", "precision", "data_loader", "grad_accum_steps",
+    "comm_hook",
 ]
 COLUMNS = REQUIRED_COLUMNS + EXTRA_COLUMNS
 
@@ -138,7 +139,7 @@ def settings_row(cfg: Any, ctx: Any) -> dict[str, Any]:
         "global_batch_size": cfg.data.batch_size * p.world_size, "lr": cfg.optim.lr,
         "seed": cfg.train.seed, "epochs": cfg.train.epochs, "launcher": ctx.launcher,
         "precision": cfg.train.precision, "data_loader": cfg.data.loader,
-        "grad_accum_steps": cfg.train.grad_accum_steps,
+        "grad_accum_steps": cfg.train.grad_accum_steps, "comm_hook": cfg.distributed.comm_hook,
     }
 
 
