@@ -304,7 +304,9 @@ def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -
     hook = resolve_comm_hook(d.comm_hook, ctx.device.type, ctx.world_size, ctx.placement.num_nodes)
     if hook == "shm":
         try:
-            state = shm_allreduce.SharedMemoryAllreduce(ctx.rank, ctx.world_size, d.timeout_s)
+            grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+            state = shm_allreduce.SharedMemoryAllreduce(
+                ctx.rank, ctx.world_size, d.timeout_s, shm_allreduce.chunk_bytes_for(grad_bytes))
         except shm_allreduce.SegmentUnavailable as err:  # every rank learns it from rank 0
             if d.comm_hook == "shm":
                 raise

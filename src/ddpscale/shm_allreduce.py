@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 FLAG_STRIDE = 64  # bytes: one cache line per rank's flag, so ranks never share a line
-DEFAULT_CHUNK_BYTES = 4 << 20
+MAX_CHUNK_BYTES = 16 << 20  # per rank and slot set: the segment is 4x this at 2 ranks
 SHM_DIR = Path("/dev/shm")
 
 
@@ -51,7 +51,7 @@ class SharedMemoryAllreduce:
     """Averages DDP buckets across the ranks of one host through a shared segment."""
 
     def __init__(self, rank: int, world_size: int, timeout_s: float,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                 chunk_bytes: int = MAX_CHUNK_BYTES):
         if world_size < 2:
             raise ValueError(f"a shared-memory all-reduce needs 2 or more ranks, not {world_size}")
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
@@ -113,6 +113,12 @@ class SharedMemoryAllreduce:
                     )
                 if waited > 0.01:  # a long wait (a slow peer): stop burning this core
                     time.sleep(0.0005)
+
+
+def chunk_bytes_for(gradient_bytes: int) -> int:
+    """Chunk size for a model: its whole gradient in one chunk (one wait per bucket)
+    when that fits in MAX_CHUNK_BYTES, rounded up to whole pages."""
+    return min(MAX_CHUNK_BYTES, max(4096, -(-gradient_bytes // 4096) * 4096))
 
 
 def _create_segment(flag_bytes: int, data_bytes: int) -> str | None:
