@@ -1,6 +1,6 @@
 """Training speed: ddpscale against the textbook DDP loop, the machine's limit, a bare script.
 
-    .venv/bin/python benchmarks/bench_training.py                 # about 4-6 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_training.py                 # about 10 minutes on 2 cores
     .venv/bin/python benchmarks/bench_training.py --quick         # smoke run, about a minute
     .venv/bin/python benchmarks/bench_training.py --json out.json # also save the figures
 
@@ -10,9 +10,11 @@ Every figure is measured in this run, on this machine, each in its own process:
    its results.csv) against benchmarks/textbook_ddp.py (the hand-written DataLoader +
    DistributedSampler + ToTensor/Normalize recipe), same CNN, batch size, world size and
    training images; both report epoch 2 (epoch 1 is warm-up), summed over ranks.
-2. weak scaling, one thread per worker: 1 worker; 2 ddpscale workers; 2 textbook workers;
-   and the machine's limit: 2 processes training the same way (ddpscale's in-memory
-   batches, same model, same shards) at the same time with no process group, summed.
+2. weak scaling, one thread per worker: 1 worker; 2 ddpscale workers (shared-memory
+   all-reduce, the default, and gloo's); 2 textbook workers; and the machine's limit:
+   2 processes training the same way (ddpscale's in-memory batches and loop body, same
+   model, same shards, the process set up by ddpscale's own worker setup: threads and
+   allocator) at the same time with no process group and no DDP, summed.
 3. start to first training step: a bare script (import torch, read the data, build the
    model, one step) against a one-step `train.py` run; ddpscale's first step is bounded
    by the moment its results.csv row appears (the row follows the step, the reductions
@@ -21,7 +23,10 @@ Every figure is measured in this run, on this machine, each in its own process:
 Each worker does --steps steps of --batch-size per epoch (train_size = steps x batch x
 world size), so every configuration runs equally long per worker. The throughput cases
 run --repeats times, interleaved, and the best is kept (all values are printed); the
-start-up cases run --startup-repeats times and the median is kept. Other load on the
+headline pair (ddpscale 2 workers, limit) runs twice per repeat, A-B first and B-A last,
+and its verdict is the median of the ratios of neighbouring runs, which cancels the
+slow drift of a shared VM's speed that a ratio of two bests does not. The start-up
+cases run --startup-repeats times and the median is kept. Other load on the
 machine lowers every figure, and the load average is printed before and after.
 """
 
@@ -64,6 +69,7 @@ class Case:
     threads: str  # per worker, as configured
     command: list[str] = field(default_factory=list)
     images_per_sec: list[float] = field(default_factory=list)
+    repeat: list[int] = field(default_factory=list)  # the repeat of each images_per_sec value
     extra: dict = field(default_factory=dict)
 
     @property
@@ -105,10 +111,11 @@ def tagged(out: str) -> list[dict]:
 
 
 def ddpscale_cmd(world: int, train_size: int, val_size: int, epochs: int, batch: int,
-                 run_dir: Path, data_root: str | None, threads: int | None = None) -> list[str]:
+                 run_dir: Path, data_root: str | None, threads: int | None = None,
+                 extra: tuple[str, ...] = ()) -> list[str]:
     cmd = [PY, "train.py", f"distributed.num_gpus={world}", f"data.batch_size={batch}",
            f"data.train_size={train_size}", f"data.val_size={val_size}",
-           f"train.epochs={epochs}", "train.sync_probe_steps=0"]
+           f"train.epochs={epochs}", "train.sync_probe_steps=0", *extra]
     if threads:
         cmd.append(f"train.threads={threads}")
     if data_root:
@@ -137,10 +144,10 @@ class Bench:
         self.count += 1
         return self.tmp / f"{self.count:03d}-{name}"
 
-    def ddpscale(self, case: Case, threads: int | None = None) -> None:
+    def ddpscale(self, case: Case, threads: int | None = None, *extra: str) -> None:
         run_dir = self.fresh_dir(case.key)
         case.command = ddpscale_cmd(case.world, self.size(case.world), self.args.val_size, 2,
-                                    self.args.batch_size, run_dir, self.ddp_root, threads)
+                                    self.args.batch_size, run_dir, self.ddp_root, threads, extra)
         run(case.command, self.args.timeout)
         row = next(r for r in results_rows(run_dir) if r["epoch"] == "2")
         case.images_per_sec.append(float(row["images_per_sec"]))
@@ -200,11 +207,13 @@ def benchmark(args: argparse.Namespace) -> dict:
     print_header(args, machine)
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         bench = Bench(args, Path(tmp))
+        # ddp2 and limit2 run back to back: their paired ratio is the headline figure.
         cases = {c.key: c for c in [
             Case("ddp2", "ddpscale, 2 workers", 2, "cores//2 (ddpscale's rule)"),
+            Case("limit2", "limit: 2 procs, no sync", 2, "1"),
+            Case("ddp2_gloo", "ddpscale, 2 workers, gloo sync", 2, "cores//2 (comm_hook=none)"),
             Case("tb2", "textbook, 2 workers", 2, "torch default"),
             Case("tb2_1t", "textbook, 2 workers, 1 thread", 2, "1"),
-            Case("limit2", "limit: 2 procs, no sync", 2, "1"),
             Case("solo1", "1 proc, no sync", 1, "1"),
             Case("ddp1_1t", "ddpscale, 1 worker, 1 thread", 1, "1 (train.threads=1)"),
         ] + ([] if args.quick else [
@@ -213,14 +222,20 @@ def benchmark(args: argparse.Namespace) -> dict:
         ])}
         plan = {
             "ddp2": lambda c: bench.ddpscale(c), "tb2": lambda c: bench.textbook(c),
+            "ddp2_gloo": lambda c: bench.ddpscale(c, None, "distributed.comm_hook=none"),
             "tb2_1t": lambda c: bench.textbook(c, threads=1), "limit2": bench.nosync,
             "solo1": bench.nosync, "ddp1_1t": lambda c: bench.ddpscale(c, threads=1),
             "ddp1": lambda c: bench.ddpscale(c), "tb1": lambda c: bench.textbook(c),
         }
-        for rep in range(args.repeats):  # interleaved, so drift in the load hits every case
-            for key, case in cases.items():
+        # Interleaved, so drift in the load hits every case; the headline pair runs twice
+        # per repeat in A-B ... B-A order, so a steady drift cancels in its ratios.
+        order = ["ddp2", "limit2", *[k for k in cases if k not in ("ddp2", "limit2")], "limit2", "ddp2"]
+        for rep in range(args.repeats):
+            for key in order:
+                case = cases[key]
                 t0 = time.time()
                 plan[key](case)
+                case.repeat.append(rep)
                 print(f"  [{rep + 1}/{args.repeats}] {case.label:<32} {case.images_per_sec[-1]:8.0f} img/s"
                       f"  ({time.time() - t0:.0f}s)", flush=True)
         startup = {"bare": [], "ddp1": [], "ddp2": []}
@@ -246,8 +261,18 @@ def benchmark(args: argparse.Namespace) -> dict:
 
 
 def _paired(a: Case, b: Case) -> float:
-    """Median over repeats of a's throughput / b's throughput in the same repeat."""
-    return statistics.median(x / y for x, y in zip(a.images_per_sec, b.images_per_sec))
+    """Median of a's throughput / b's throughput measured next to it, in the same repeat.
+
+    Cases that ran equally often in a repeat pair up in order (the A-B ... B-A pairs);
+    otherwise a's mean in the repeat is compared with b's."""
+    ratios = []
+    for rep in sorted(set(a.repeat) & set(b.repeat)):
+        xs = [v for v, r in zip(a.images_per_sec, a.repeat) if r == rep]
+        ys = [v for v, r in zip(b.images_per_sec, b.repeat) if r == rep]
+        if len(xs) != len(ys):
+            xs, ys = [statistics.mean(xs)], [statistics.mean(ys)]
+        ratios += [x / y for x, y in zip(xs, ys)]
+    return statistics.median(ratios)
 
 
 def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
@@ -265,6 +290,7 @@ def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
     # of the machine's speed cancels out, which the ratio of two bests does not do.
     f["ddpscale_ws2_vs_limit_paired"] = _paired(cases["ddp2"], cases["limit2"])
     f["textbook_1thread_ws2_vs_limit_paired"] = _paired(cases["tb2_1t"], cases["limit2"])
+    f["ddpscale_gloo_ws2_vs_limit_paired"] = _paired(cases["ddp2_gloo"], cases["limit2"])
     median = {k: statistics.median(r["first_step_s"] for r in v) for k, v in startup.items()}
     f["first_step_s"] = median
     f["startup_overhead_s"] = {k: median[k] - median["bare"] for k in median if k != "bare"}
@@ -339,12 +365,14 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
 
     print("\n2. weak scaling, one thread per worker")
     print(head)
-    for key in ("solo1", "ddp1_1t", "limit2", "ddp2", "tb2_1t"):
+    for key in ("solo1", "ddp1_1t", "limit2", "ddp2", "ddp2_gloo", "tb2_1t"):
         print(row(key))
     print(f"  ddpscale's threads per worker at 2 workers: "
           f"{cases['limit2'].extra.get('ddpscale_threads_at_2_workers')} (distributed.cpu_threads)")
     print(f"  ddpscale 2 workers / limit        : {f['ddpscale_ws2_vs_limit']:.3f}   (target >= {TARGETS['vs_limit']})")
     print(f"  same, median of paired repeats    : {f['ddpscale_ws2_vs_limit_paired']:.3f}")
+    print(f"  same with gloo's all-reduce, paired: {f['ddpscale_gloo_ws2_vs_limit_paired']:.3f}"
+          "   (distributed.comm_hook=none instead of shared memory)")
     print(f"  textbook 2 workers / limit        : {f['textbook_1thread_ws2_vs_limit']:.3f}   (issue: about 0.84)")
     print(f"  same, median of paired repeats    : {f['textbook_1thread_ws2_vs_limit_paired']:.3f}")
     print(f"  limit / (2 x one process)         : {f['limit_vs_twice_one_proc']:.3f}   (issue: about 0.84)")
@@ -460,8 +488,8 @@ def bare_main(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=128, help="per worker (default 128)")
-    p.add_argument("--steps", type=int, default=None, help="steps per worker per epoch (default 20; quick 4)")
-    p.add_argument("--repeats", type=int, default=None, help="throughput repeats, best kept (default 2; quick 1)")
+    p.add_argument("--steps", type=int, default=None, help="steps per worker per epoch (default 30; quick 4)")
+    p.add_argument("--repeats", type=int, default=None, help="throughput repeats, best kept (default 3; quick 1)")
     p.add_argument("--startup-repeats", type=int, default=None, help="start-up repeats, median kept (default 3; quick 1)")
     p.add_argument("--val-size", type=int, default=512, help="validation images of the ddpscale runs (untimed)")
     p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/*.gz (default: data/, then ../shared/data)")
@@ -472,8 +500,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
-    args.steps = args.steps or (4 if quick else 20)
-    args.repeats = args.repeats or (1 if quick else 2)
+    args.steps = args.steps or (4 if quick else 30)
+    args.repeats = args.repeats or (1 if quick else 3)
     args.startup_repeats = args.startup_repeats or (1 if quick else 3)
     return args
 
