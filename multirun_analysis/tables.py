@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .render import format_value
-from .schema import WORLD, config_keys
+from .schema import SETTINGS_ORDER, WORLD, config_keys
 
 # Scaling kind -> the batch setting held fixed while the world size grows.
 SCALING_KINDS = {"weak": "batch_size", "strong": "global_batch_size"}
@@ -25,17 +25,10 @@ SCALING_COLUMNS = (
     "val_acc_change",
     "baseline_world_size",
 )
+# The settings in display order up to lr, then the batch and world columns in the order
+# the question "does accuracy change when we scale?" reads them.
 ACCURACY_ORDER = (
-    "model",
-    "dataset",
-    "optimizer",
-    "precision",
-    "data_loader",
-    "backend",
-    "device",
-    "launcher",
-    "comm_hook",
-    "lr",
+    *SETTINGS_ORDER[: SETTINGS_ORDER.index("lr") + 1],
     "global_batch_size",
     "world_size",
     "batch_size",
