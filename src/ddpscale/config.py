@@ -329,6 +329,12 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
 
 
+def validate_for_device(cfg: Config, device: str) -> None:
+    """Checks that depend on the device the run resolved to (cuda or cpu)."""
+    if cfg.train.precision == "fp16" and device != "cuda":
+        raise ConfigError("train.precision=fp16 needs CUDA; use train.precision=bf16 on the CPU")
+
+
 def _validate_model(model: ModelConfig, data: DataConfig) -> None:
     if isinstance(model, CNNConfig):
         _fraction("model.dropout", model.dropout)

@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 
 from ddpscale import data as data_lib
 from ddpscale import distributed as ddist
-from ddpscale.config import Config, ConfigError, as_dict, to_config, validate
+from ddpscale.config import Config, ConfigError, as_dict, to_config, validate, validate_for_device
 from ddpscale.results import RunRecord
 
 log = logging.getLogger("ddpscale")
@@ -81,8 +81,7 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
                          output_dir=str(out_dir), world_size=_world(cfg))
         validate(cfg)
         device, backend = ddist.resolve_device(cfg.distributed, notice=log.info if holds_rank0 else _quiet)
-        if cfg.train.precision == "fp16" and device != "cuda":
-            raise ConfigError("train.precision=fp16 needs CUDA; use train.precision=bf16 on the CPU")
+        validate_for_device(cfg, device)
         d = cfg.distributed
         comm_hook = ddist.resolve_comm_hook(d.comm_hook, device, _world(cfg), d.num_nodes)
         if record:
