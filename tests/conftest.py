@@ -34,6 +34,25 @@ def fashion_mnist_root() -> Path | None:
     return None
 
 
+def spawn(fn, args: tuple, nprocs: int) -> None:
+    """torch.multiprocessing.spawn whose workers leave as the launcher's do.
+
+    A worker ending the normal way aborts about once in 60 exits in a library's C++
+    teardown (see ddpscale.distributed.exit_finished_worker), which failed this suite
+    at random before the tests' own workers left the launcher's way too.
+    """
+    import torch.multiprocessing as mp
+
+    mp.spawn(_run_then_exit, args=(fn, *args), nprocs=nprocs)
+
+
+def _run_then_exit(rank: int, fn, *args) -> None:
+    from ddpscale.distributed import exit_finished_worker
+
+    fn(rank, *args)
+    exit_finished_worker()
+
+
 def run_train(*overrides: str, timeout: float = 240, script: str = "train.py",
               env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python train.py OVERRIDES` from the repository root, as a user would."""

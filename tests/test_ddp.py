@@ -6,9 +6,8 @@ import json
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from conftest import QUICK, fashion_mnist_root, output, read_rows, read_run, run_train
+from conftest import QUICK, fashion_mnist_root, output, read_rows, read_run, run_train, spawn
 from ddpscale.config import DataConfig
 from ddpscale.data import build_data
 from ddpscale.distributed import Placement, Rendezvous, host_store, process_group
@@ -43,7 +42,7 @@ def shards(tmp_path, loader: str, world: int = 2, train_size: int = 103) -> list
                      loader=loader, mean=0.0, std=1.0, noise=1.0, seed=3)
     out = tmp_path / f"shards-{loader}.json"
     store = host_store("127.0.0.1", None, world, 30)  # as the launcher does: the parent hosts it
-    mp.spawn(_shards, args=(world, store.port, str(out), cfg), nprocs=world)
+    spawn(_shards, (world, store.port, str(out), cfg), world)
     return [{k if not k.isdigit() else int(k): v for k, v in r.items()} for r in json.loads(out.read_text())]
 
 

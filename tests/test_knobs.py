@@ -8,9 +8,8 @@ import sys
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from conftest import QUICK, REPO, output, read_rows, read_run, run_train
+from conftest import QUICK, REPO, output, read_rows, read_run, run_train, spawn
 from ddpscale.config import CNNConfig, DataConfig
 from ddpscale.data import build_data, load_split
 from ddpscale.distributed import (
@@ -110,7 +109,7 @@ def _count_allreduces(rank: int, world: int, port: int, accum: int, out: str) ->
 def test_accumulation_steps_skip_the_allreduce(tmp_path, accum, expected):
     out = tmp_path / "calls.json"
     store = host_store("127.0.0.1", None, 2, 30)  # as the launcher does: the parent hosts it
-    mp.spawn(_count_allreduces, args=(2, store.port, accum, str(out)), nprocs=2)
+    spawn(_count_allreduces, (2, store.port, accum, str(out)), 2)
     assert json.loads(out.read_text()) == expected  # 8 batches per rank, one bucket
 
 

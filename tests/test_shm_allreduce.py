@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from conftest import QUICK, output, read_rows, read_run, run_train
+from conftest import QUICK, output, read_rows, read_run, run_train, spawn
 from ddpscale.config import ConfigError
 from ddpscale.distributed import Placement, Rendezvous, host_store, process_group, resolve_comm_hook
 from ddpscale.shm_allreduce import SharedMemoryAllreduce, supported
@@ -56,7 +55,7 @@ def _average(rank: int, world: int, port: int, out: str) -> None:
 def test_average_matches_the_process_group_and_is_identical_on_every_rank(tmp_path, world):
     out = tmp_path / "avg.json"
     store = host_store("127.0.0.1", None, world, 30)
-    mp.spawn(_average, args=(world, store.port, str(out)), nprocs=world)
+    spawn(_average, (world, store.port, str(out)), world)
     ranks = json.loads(out.read_text())
     for r in ranks:
         assert not r["name_left"], "the segment's name is gone once all ranks mapped it"
@@ -86,7 +85,7 @@ def _late_peer(rank: int, port: int, out: str) -> None:
 def test_a_missing_peer_times_out_naming_it(tmp_path):
     out = tmp_path / "late.json"
     store = host_store("127.0.0.1", None, 2, 30)
-    mp.spawn(_late_peer, args=(store.port, str(out)), nprocs=2)
+    spawn(_late_peer, (store.port, str(out)), 2)
     result = json.loads(out.read_text())
     assert "no gradients from rank(s) [1]" in result["message"]
     assert "distributed.timeout_s=1.5" in result["message"]

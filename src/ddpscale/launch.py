@@ -8,12 +8,10 @@ process holds global rank 0 keeps `run.json` up to date.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -194,22 +192,7 @@ def _spawn_entry(local_rank: int, plan: Plan, worker: WorkerFn, summary_file: st
     summary = _run_worker(placement, plan, worker, hosts_store=False)
     if placement.is_main:
         torch.save(summary, summary_file)
-    _exit_finished_worker()
-
-
-def _exit_finished_worker() -> None:
-    """End a worker whose work is saved, skipping the interpreter's and C++'s teardown.
-
-    The process group is destroyed by now, but about one exit in 60 here still died of
-    SIGABRT ("terminate called without an active exception") in a library's static
-    destructors, which turned a finished run into a failed one. Nothing is left to do
-    in this process, so it runs Python's exit handlers (they release multiprocessing's
-    semaphores and flush the logs) and leaves without the rest (150 runs: no abort).
-    """
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    ddist.exit_finished_worker()
 
 
 def _stop(processes: list) -> None:
