@@ -21,7 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))  # run from a c
 
 from ddpscale.config import Config  # noqa: E402  (importing it registers the schema)
 from ddpscale.data import build_data  # noqa: E402
-from ddpscale.distributed import WorkerContext, device_names, wrap_ddp  # noqa: E402
+from ddpscale.distributed import (  # noqa: E402
+    SPAWN, WorkerContext, detect_launcher, device_names, exit_finished_worker, wrap_ddp,
+)
 from ddpscale.launch import run_job  # noqa: E402
 from ddpscale.models import build_model  # noqa: E402
 from ddpscale.optim import build_optimizer, build_scheduler  # noqa: E402
@@ -76,4 +78,6 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    main()  # a failed run leaves through sys.exit inside, with its exit code
+    if detect_launcher() != SPAWN:
+        exit_finished_worker()  # under torchrun/srun this process was a worker; see its docstring
