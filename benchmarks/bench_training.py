@@ -14,7 +14,12 @@ Every figure is measured in this run, on this machine, each in its own process:
    all-reduce, the default, and gloo's); 2 textbook workers; and the machine's limit:
    2 processes training the same way (ddpscale's in-memory batches and loop body, same
    model, same shards, the process set up by ddpscale's own worker setup: threads and
-   allocator) at the same time with no process group and no DDP, summed.
+   allocator) at the same time with no process group and no DDP, summed; and the
+   lock-step limit: the same 2 processes meeting once per step (after the backward,
+   where DDP's all-reduce waits) through a shared-memory flag, with no data exchanged.
+   That is the most any synchronous data-parallel training can reach here: every step
+   lasts as long as the slower worker's, so it separates what lock-step costs on this
+   machine from what ddpscale's gradient synchronisation costs.
 3. start to first training step: a bare script (import torch, read the data, build the
    model, one step) against a one-step `train.py` run; ddpscale's first step is bounded
    by the moment its results.csv row appears (the row follows the step, the reductions
@@ -164,10 +169,10 @@ class Bench:
         case.images_per_sec.append(row["images_per_sec"])
         case.extra["threads_seen"] = row["threads"]
 
-    def nosync(self, case: Case) -> None:
+    def nosync(self, case: Case, lockstep: bool = False) -> None:
         case.command = [PY, str(THIS), "--worker", "nosync", "--procs", str(case.world),
                         "--steps", str(self.args.steps), "--batch-size", str(self.args.batch_size),
-                        "--data-root", str(self.raw.parent.parent)]
+                        "--data-root", str(self.raw.parent.parent)] + (["--lockstep"] if lockstep else [])
         out, _, _ = run(case.command, self.args.timeout)
         row = next(r for r in tagged(out) if r["epoch"] == 2)
         case.images_per_sec.append(row["images_per_sec"])
@@ -211,6 +216,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         cases = {c.key: c for c in [
             Case("ddp2", "ddpscale, 2 workers", 2, "cores//2 (ddpscale's rule)"),
             Case("limit2", "limit: 2 procs, no sync", 2, "1"),
+            Case("lock2", "lock-step limit: meet, no data", 2, "1"),
             Case("ddp2_gloo", "ddpscale, 2 workers, gloo sync", 2, "cores//2 (comm_hook=none)"),
             Case("tb2", "textbook, 2 workers", 2, "torch default"),
             Case("tb2_1t", "textbook, 2 workers, 1 thread", 2, "1"),
@@ -224,6 +230,7 @@ def benchmark(args: argparse.Namespace) -> dict:
             "ddp2": lambda c: bench.ddpscale(c), "tb2": lambda c: bench.textbook(c),
             "ddp2_gloo": lambda c: bench.ddpscale(c, None, "distributed.comm_hook=none"),
             "tb2_1t": lambda c: bench.textbook(c, threads=1), "limit2": bench.nosync,
+            "lock2": lambda c: bench.nosync(c, lockstep=True),
             "solo1": bench.nosync, "ddp1_1t": lambda c: bench.ddpscale(c, threads=1),
             "ddp1": lambda c: bench.ddpscale(c), "tb1": lambda c: bench.textbook(c),
         }
@@ -291,6 +298,8 @@ def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
     f["ddpscale_ws2_vs_limit_paired"] = _paired(cases["ddp2"], cases["limit2"])
     f["textbook_1thread_ws2_vs_limit_paired"] = _paired(cases["tb2_1t"], cases["limit2"])
     f["ddpscale_gloo_ws2_vs_limit_paired"] = _paired(cases["ddp2_gloo"], cases["limit2"])
+    f["lockstep_vs_limit_paired"] = _paired(cases["lock2"], cases["limit2"])
+    f["ddpscale_ws2_vs_lockstep_paired"] = _paired(cases["ddp2"], cases["lock2"])
     median = {k: statistics.median(r["first_step_s"] for r in v) for k, v in startup.items()}
     f["first_step_s"] = median
     f["startup_overhead_s"] = {k: median[k] - median["bare"] for k in median if k != "bare"}
@@ -365,7 +374,7 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
 
     print("\n2. weak scaling, one thread per worker")
     print(head)
-    for key in ("solo1", "ddp1_1t", "limit2", "ddp2", "ddp2_gloo", "tb2_1t"):
+    for key in ("solo1", "ddp1_1t", "limit2", "lock2", "ddp2", "ddp2_gloo", "tb2_1t"):
         print(row(key))
     print(f"  ddpscale's threads per worker at 2 workers: "
           f"{cases['limit2'].extra.get('ddpscale_threads_at_2_workers')} (distributed.cpu_threads)")
@@ -373,6 +382,10 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
     print(f"  same, median of paired repeats    : {f['ddpscale_ws2_vs_limit_paired']:.3f}")
     print(f"  same with gloo's all-reduce, paired: {f['ddpscale_gloo_ws2_vs_limit_paired']:.3f}"
           "   (distributed.comm_hook=none instead of shared memory)")
+    print(f"  lock-step limit / limit, paired   : {f['lockstep_vs_limit_paired']:.3f}"
+          "   (what waiting for the slower worker each step costs here)")
+    print(f"  ddpscale / lock-step limit, paired: {f['ddpscale_ws2_vs_lockstep_paired']:.3f}"
+          "   (what ddpscale's synchronisation costs beyond that)")
     print(f"  textbook 2 workers / limit        : {f['textbook_1thread_ws2_vs_limit']:.3f}   (issue: about 0.84)")
     print(f"  same, median of paired repeats    : {f['textbook_1thread_ws2_vs_limit_paired']:.3f}")
     print(f"  limit / (2 x one process)         : {f['limit_vs_twice_one_proc']:.3f}   (issue: about 0.84)")
@@ -400,11 +413,13 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
 
 def nosync_main(args: argparse.Namespace) -> None:
     """--procs processes training ddpscale's way at the same time, no process group."""
+    import torch
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(args.procs), ctx.SimpleQueue()
-    mp.spawn(nosync_worker, args=(args, barrier, queue), nprocs=args.procs)
+    flags = torch.zeros(args.procs, dtype=torch.int64).share_memory_()  # --lockstep's meeting point
+    mp.spawn(nosync_worker, args=(args, barrier, queue, flags), nprocs=args.procs)
     rows = [queue.get() for _ in range(args.procs * 2)]
     sys.path.insert(0, str(REPO / "src"))
     from ddpscale.distributed import cpu_threads
@@ -415,8 +430,12 @@ def nosync_main(args: argparse.Namespace) -> None:
                                       "ddpscale_threads_at_2_workers": cpu_threads(2)}), flush=True)
 
 
-def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
-    """ddpscale's in-memory batches and loop body, minus DDP: this process's own shard."""
+def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue, flags) -> None:
+    """ddpscale's in-memory batches and loop body, minus DDP: this process's own shard.
+
+    With --lockstep the processes also meet after every backward, as DDP's ranks do in
+    their all-reduce, but exchange nothing: each raises its flag to the step number and
+    waits, yielding its core, until every flag has reached it."""
     import torch
     from torch.utils.data import DistributedSampler
 
@@ -439,6 +458,15 @@ def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
     model = CNN(CNNConfig(), data)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
+    step = 0
+
+    def meet() -> None:
+        nonlocal step
+        step += 1
+        flags[rank] = step
+        while int(flags.min()) < step:
+            os.sched_yield()
+
     for epoch in (1, 2):
         batches.set_epoch(epoch)
         model.train()
@@ -449,6 +477,8 @@ def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
             logits = model(x)
             loss = loss_fn(logits, y)
             loss.backward()
+            if args.lockstep:
+                meet()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             with torch.no_grad():  # the same per-step bookkeeping as ddpscale's trainer
@@ -498,6 +528,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300, help="seconds allowed per subprocess")
     p.add_argument("--worker", choices=["nosync", "bare"], help=argparse.SUPPRESS)
     p.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
     args.steps = args.steps or (4 if quick else 30)
