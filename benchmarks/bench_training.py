@@ -14,12 +14,16 @@ Every figure is measured in this run, on this machine, each in its own process:
    all-reduce, the default, and gloo's); 2 textbook workers; and the machine's limit:
    2 processes training the same way (ddpscale's in-memory batches and loop body, same
    model, same shards, the process set up by ddpscale's own worker setup: threads and
-   allocator) at the same time with no process group and no DDP, summed; and the
-   lock-step limit: the same 2 processes meeting once per step (after the backward,
-   where DDP's all-reduce waits) through a shared-memory flag, with no data exchanged.
-   That is the most any synchronous data-parallel training can reach here: every step
-   lasts as long as the slower worker's, so it separates what lock-step costs on this
-   machine from what ddpscale's gradient synchronisation costs.
+   allocator) at the same time with no process group and no DDP, summed. Separate runs
+   differ by 5-10% in this VM's speed alone, so the same comparison also runs inside
+   one pair of processes: ddpscale's DDP model (its wrap_ddp, buckets and default
+   all-reduce) trains in short blocks, rotating synced blocks (ddpscale's step), unsynced
+   ones (the same step under no_sync: the limit) and lock-step ones (no_sync, but the
+   processes meet after every backward, where DDP's all-reduce waits, exchanging
+   nothing). Neighbouring blocks share the machine's speed of the moment; lock-step is
+   the most any synchronous data-parallel training reaches here (every step lasts as
+   long as the slower worker's), so it separates what lock-step costs on this machine
+   from what ddpscale's gradient synchronisation adds.
 3. start to first training step: a bare script (import torch, read the data, build the
    model, one step) against a one-step `train.py` run; ddpscale's first step is bounded
    by the moment its results.csv row appears (the row follows the step, the reductions
@@ -30,7 +34,9 @@ world size), so every configuration runs equally long per worker. The throughput
 run --repeats times, interleaved, and the best is kept (all values are printed); the
 headline pair (ddpscale 2 workers, limit) runs twice per repeat, A-B first and B-A last,
 and its verdict is the median of the ratios of neighbouring runs, which cancels the
-slow drift of a shared VM's speed that a ratio of two bests does not. The start-up
+slow drift of a shared VM's speed that a ratio of two bests does not. The interleaved
+case runs --rounds rounds of --block-steps-step blocks per repeat, and its ratios pool
+every round of every repeat (images/sec over all blocks of a kind). The start-up
 cases run --startup-repeats times and the median is kept. Other load on the
 machine lowers every figure, and the load average is printed before and after.
 """
@@ -49,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -169,15 +176,24 @@ class Bench:
         case.images_per_sec.append(row["images_per_sec"])
         case.extra["threads_seen"] = row["threads"]
 
-    def nosync(self, case: Case, lockstep: bool = False) -> None:
+    def nosync(self, case: Case) -> None:
         case.command = [PY, str(THIS), "--worker", "nosync", "--procs", str(case.world),
                         "--steps", str(self.args.steps), "--batch-size", str(self.args.batch_size),
-                        "--data-root", str(self.raw.parent.parent)] + (["--lockstep"] if lockstep else [])
+                        "--data-root", str(self.raw.parent.parent)]
         out, _, _ = run(case.command, self.args.timeout)
         row = next(r for r in tagged(out) if r["epoch"] == 2)
         case.images_per_sec.append(row["images_per_sec"])
         case.extra["ddpscale_threads_at_2_workers"] = row["ddpscale_threads_at_2_workers"]
 
+
+    def interleaved(self, case: Case) -> None:
+        case.command = [PY, str(THIS), "--worker", "interleaved", "--procs", str(case.world),
+                        "--block-steps", str(self.args.block_steps), "--rounds", str(self.args.rounds),
+                        "--batch-size", str(self.args.batch_size), "--data-root", str(self.raw.parent.parent)]
+        out, _, _ = run(case.command, self.args.timeout)
+        rounds = tagged(out)
+        case.extra.setdefault("rounds", []).extend(rounds)
+        case.images_per_sec.append(_pooled(rounds, "synced"))
     def startup_bare(self) -> tuple[float, float, list[str]]:
         cmd = [PY, str(THIS), "--worker", "bare", "--batch-size", str(self.args.batch_size),
                "--data-root", str(self.raw.parent.parent)]
@@ -216,7 +232,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         cases = {c.key: c for c in [
             Case("ddp2", "ddpscale, 2 workers", 2, "cores//2 (ddpscale's rule)"),
             Case("limit2", "limit: 2 procs, no sync", 2, "1"),
-            Case("lock2", "lock-step limit: meet, no data", 2, "1"),
+            Case("il2", "interleaved: synced blocks", 2, "1"),
             Case("ddp2_gloo", "ddpscale, 2 workers, gloo sync", 2, "cores//2 (comm_hook=none)"),
             Case("tb2", "textbook, 2 workers", 2, "torch default"),
             Case("tb2_1t", "textbook, 2 workers, 1 thread", 2, "1"),
@@ -230,7 +246,7 @@ def benchmark(args: argparse.Namespace) -> dict:
             "ddp2": lambda c: bench.ddpscale(c), "tb2": lambda c: bench.textbook(c),
             "ddp2_gloo": lambda c: bench.ddpscale(c, None, "distributed.comm_hook=none"),
             "tb2_1t": lambda c: bench.textbook(c, threads=1), "limit2": bench.nosync,
-            "lock2": lambda c: bench.nosync(c, lockstep=True),
+            "il2": bench.interleaved,
             "solo1": bench.nosync, "ddp1_1t": lambda c: bench.ddpscale(c, threads=1),
             "ddp1": lambda c: bench.ddpscale(c), "tb1": lambda c: bench.textbook(c),
         }
@@ -282,6 +298,15 @@ def _paired(a: Case, b: Case) -> float:
     return statistics.median(ratios)
 
 
+def _pooled(rounds: list[dict], mode: str) -> float:
+    """Images/sec of a mode over all rounds: equal images per block, so the harmonic mean."""
+    return len(rounds) / sum(1 / r[mode] for r in rounds)
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    return statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+
+
 def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
     best = {k: c.best for k, c in cases.items()}
     f = {
@@ -298,15 +323,24 @@ def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
     f["ddpscale_ws2_vs_limit_paired"] = _paired(cases["ddp2"], cases["limit2"])
     f["textbook_1thread_ws2_vs_limit_paired"] = _paired(cases["tb2_1t"], cases["limit2"])
     f["ddpscale_gloo_ws2_vs_limit_paired"] = _paired(cases["ddp2_gloo"], cases["limit2"])
-    f["lockstep_vs_limit_paired"] = _paired(cases["lock2"], cases["limit2"])
-    f["ddpscale_ws2_vs_lockstep_paired"] = _paired(cases["ddp2"], cases["lock2"])
+    # The same comparison inside one pair of processes, pooled over every round.
+    rounds = cases["il2"].extra["rounds"]
+    pooled = {m: _pooled(rounds, m) for m in MODES}
+    f["interleaved_rounds"] = len(rounds)
+    f["interleaved_images_per_sec"] = pooled
+    f["interleaved_synced_vs_unsynced"] = pooled["synced"] / pooled["unsynced"]
+    f["interleaved_lockstep_vs_unsynced"] = pooled["lockstep"] / pooled["unsynced"]
+    f["interleaved_synced_vs_lockstep"] = pooled["synced"] / pooled["lockstep"]
+    f["interleaved_synced_vs_unsynced_rounds"] = _quartiles([r["synced"] / r["unsynced"] for r in rounds])
     median = {k: statistics.median(r["first_step_s"] for r in v) for k, v in startup.items()}
     f["first_step_s"] = median
     f["startup_overhead_s"] = {k: median[k] - median["bare"] for k in median if k != "bare"}
     f["targets"] = {
         "ddpscale >= 1.25x textbook (ws2)": f["ddpscale_vs_textbook_ws2"] >= TARGETS["vs_textbook"],
-        "ddpscale ws2 >= 0.95x limit (median of paired ratios)":
+        "ddpscale ws2 >= 0.95x limit (separate runs, median of paired ratios)":
             f["ddpscale_ws2_vs_limit_paired"] >= TARGETS["vs_limit"],
+        "ddpscale ws2 >= 0.95x limit (interleaved blocks, pooled)":
+            f["interleaved_synced_vs_unsynced"] >= TARGETS["vs_limit"],
         "start-up <= bare + 3 s (1 worker)": f["startup_overhead_s"]["ddp1"] <= TARGETS["startup_s"],
     }
     return f
@@ -338,7 +372,8 @@ def describe_machine() -> dict:
 def settings(args: argparse.Namespace) -> dict:
     return {"batch_size": args.batch_size, "steps_per_worker_epoch": args.steps,
             "repeats": args.repeats, "startup_repeats": args.startup_repeats,
-            "val_size": args.val_size, "quick": args.quick}
+            "val_size": args.val_size, "quick": args.quick,
+            "interleaved_block_steps": args.block_steps, "interleaved_rounds": args.rounds}
 
 
 def print_header(args: argparse.Namespace, m: dict) -> None:
@@ -374,7 +409,7 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
 
     print("\n2. weak scaling, one thread per worker")
     print(head)
-    for key in ("solo1", "ddp1_1t", "limit2", "lock2", "ddp2", "ddp2_gloo", "tb2_1t"):
+    for key in ("solo1", "ddp1_1t", "limit2", "ddp2", "ddp2_gloo", "tb2_1t"):
         print(row(key))
     print(f"  ddpscale's threads per worker at 2 workers: "
           f"{cases['limit2'].extra.get('ddpscale_threads_at_2_workers')} (distributed.cpu_threads)")
@@ -382,10 +417,16 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
     print(f"  same, median of paired repeats    : {f['ddpscale_ws2_vs_limit_paired']:.3f}")
     print(f"  same with gloo's all-reduce, paired: {f['ddpscale_gloo_ws2_vs_limit_paired']:.3f}"
           "   (distributed.comm_hook=none instead of shared memory)")
-    print(f"  lock-step limit / limit, paired   : {f['lockstep_vs_limit_paired']:.3f}"
+    il, q = f["interleaved_images_per_sec"], f["interleaved_synced_vs_unsynced_rounds"]
+    print(f"  interleaved in one pair of processes, {f['interleaved_rounds']} rounds of 3 blocks of "
+          f"{report['settings']['interleaved_block_steps']} steps; pooled img/s: synced {il['synced']:.0f}, "
+          f"unsynced {il['unsynced']:.0f}, lock-step {il['lockstep']:.0f}")
+    print(f"  synced / unsynced (the limit)     : {f['interleaved_synced_vs_unsynced']:.3f}"
+          f"   (target >= {TARGETS['vs_limit']}; rounds' quartiles {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f})")
+    print(f"  lock-step / unsynced              : {f['interleaved_lockstep_vs_unsynced']:.3f}"
           "   (what waiting for the slower worker each step costs here)")
-    print(f"  ddpscale / lock-step limit, paired: {f['ddpscale_ws2_vs_lockstep_paired']:.3f}"
-          "   (what ddpscale's synchronisation costs beyond that)")
+    print(f"  synced / lock-step                : {f['interleaved_synced_vs_lockstep']:.3f}"
+          "   (what ddpscale's gradient exchange adds to that)")
     print(f"  textbook 2 workers / limit        : {f['textbook_1thread_ws2_vs_limit']:.3f}   (issue: about 0.84)")
     print(f"  same, median of paired repeats    : {f['textbook_1thread_ws2_vs_limit_paired']:.3f}")
     print(f"  limit / (2 x one process)         : {f['limit_vs_twice_one_proc']:.3f}   (issue: about 0.84)")
@@ -413,29 +454,141 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
 
 def nosync_main(args: argparse.Namespace) -> None:
     """--procs processes training ddpscale's way at the same time, no process group."""
-    import torch
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(args.procs), ctx.SimpleQueue()
-    flags = torch.zeros(args.procs, dtype=torch.int64).share_memory_()  # --lockstep's meeting point
-    mp.spawn(nosync_worker, args=(args, barrier, queue, flags), nprocs=args.procs)
+    mp.spawn(nosync_worker, args=(args, barrier, queue), nprocs=args.procs)
     rows = [queue.get() for _ in range(args.procs * 2)]
     sys.path.insert(0, str(REPO / "src"))
     from ddpscale.distributed import cpu_threads
 
     for epoch in (1, 2):
-        rate = sum(r["images_per_sec"] for r in rows if r["epoch"] == epoch)
+        rate = overlap_rate([(r["start"], r["ends"]) for r in rows if r["epoch"] == epoch], args.batch_size)
         print("RESULT " + json.dumps({"epoch": epoch, "images_per_sec": rate,
                                       "ddpscale_threads_at_2_workers": cpu_threads(2)}), flush=True)
 
 
-def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue, flags) -> None:
-    """ddpscale's in-memory batches and loop body, minus DDP: this process's own shard.
+def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
+    """ddpscale's in-memory batches and loop body, minus DDP: this process's own shard."""
+    import torch
 
-    With --lockstep the processes also meet after every backward, as DDP's ranks do in
-    their all-reduce, but exchange nothing: each raises its flag to the step number and
-    waits, yielding its core, until every flag has reached it."""
+    batches, model = _worker_setup(rank, args, args.steps)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for epoch in (1, 2):
+        batches.set_epoch(epoch)
+        model.train()
+        totals = torch.zeros(3, dtype=torch.float64)
+        barrier.wait()  # start together, as the DDP ranks do after their barrier
+        start, ends = time.perf_counter(), []
+        for x, y in batches:
+            _train_step(model, optimizer, x, y, totals)
+            ends.append(time.perf_counter())
+        queue.put({"epoch": epoch, "rank": rank, "start": start, "ends": ends})
+
+
+def overlap_rate(ranks: list[tuple[float, list[float]]], batch: int) -> float:
+    """Images/sec summed over processes, counted only while all of them ran.
+
+    Each process gives its start and the end of every step (perf_counter: the same
+    monotonic clock in every process here). Free-running processes finish at different
+    times, and one left running alone has the machine to itself, which would flatter a
+    sum of whole-run rates (two such processes then seemed faster than twice one);
+    so the window closes when the first process finishes, and the others' steps count
+    up to it, the step in progress pro rata."""
+    begin = max(start for start, _ in ranks)
+    close = min(ends[-1] for _, ends in ranks)
+    total = 0.0
+    for start, ends in ranks:
+        bounds = [start, *ends]
+        done = sum(1 for e in ends if e <= close)
+        partial = 0.0 if done == len(ends) else (close - bounds[done]) / (bounds[done + 1] - bounds[done])
+        total += (done + partial) * batch
+    return total / (close - begin)
+
+
+class Meeting:
+    """A meeting of all processes with nothing exchanged: each raises its flag in a shared
+    tensor to the meeting's number and waits, yielding its core, until every flag has."""
+
+    def __init__(self, flags, rank: int):
+        self.flags, self.rank, self.count = flags, rank, int(flags[rank])
+
+    def __call__(self) -> None:
+        self.count += 1
+        self.flags[self.rank] = self.count
+        while int(self.flags.min()) < self.count:
+            os.sched_yield()
+
+
+MODES = ("synced", "unsynced", "lockstep")  # the interleaved worker's blocks
+
+
+def interleaved_main(args: argparse.Namespace) -> None:
+    """DDP processes rotating synced, unsynced and lock-step blocks; prints each round."""
+    import torch
+    import torch.multiprocessing as mp
+
+    sys.path.insert(0, str(REPO / "src"))
+    from ddpscale.distributed import free_port
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    flags = torch.zeros(args.procs, dtype=torch.int64).share_memory_()
+    mp.spawn(interleaved_worker, args=(args, free_port(), queue, flags), nprocs=args.procs)
+    blocks = [queue.get() for _ in range(args.procs)]  # per rank: [(round, mode, start, ends), ...]
+    for rnd in range(args.rounds):
+        rate = {m: overlap_rate([(start, ends) for b in blocks for r, mode, start, ends in b
+                                 if r == rnd and mode == m], args.batch_size)
+                for m in MODES}  # images/sec of each block, summed over ranks
+        print("RESULT " + json.dumps({"round": rnd, **rate}), flush=True)
+
+
+def interleaved_worker(rank: int, args: argparse.Namespace, port: int, queue, flags) -> None:
+    """ddpscale's DDP model (wrap_ddp: its buckets and its default gradient all-reduce)
+    trained in blocks of --block-steps steps: synced (as in a ddpscale run), unsynced
+    (under no_sync: the limit, the same processes doing the same work without gradient
+    sync) and lock-step (under no_sync, meeting after each backward as in `Meeting`).
+    Each round runs the three in a rotated order; each block starts at a barrier outside
+    its clock and is counted as in `overlap_rate`. Neighbouring blocks share the VM's speed of the moment, which separate
+    runs do not. Replicas drift apart in the unsynced blocks; the work is the same."""
+    import torch
+    import torch.distributed as dist
+
+    from ddpscale.config import DistributedConfig
+    from ddpscale.distributed import (Placement, Rendezvous, WorkerContext, process_group,
+                                      wrap_ddp)
+
+    placement = Placement(rank=rank, local_rank=rank, world_size=args.procs,
+                          local_world_size=args.procs, node_id=0)
+    batches, model = _worker_setup(rank, args, len(MODES) * args.block_steps)
+    meet = Meeting(flags, rank)
+    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 120), hosts_store=rank == 0):
+        ctx = WorkerContext(placement, torch.device("cpu"), "gloo", "spawn")
+        ddp = wrap_ddp(model, ctx, DistributedConfig(num_gpus=args.procs))
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
+        totals = torch.zeros(3, dtype=torch.float64)
+        blocks = []
+        for rnd in range(-1, args.rounds):  # round -1: warm-up, untimed
+            batches.set_epoch(rnd + 1)
+            it = iter(batches)
+            shift = rnd % len(MODES)
+            for mode in MODES[shift:] + MODES[:shift]:
+                dist.barrier()
+                start, ends = time.perf_counter(), []
+                with nullcontext() if mode == "synced" else ddp.no_sync():
+                    for _ in range(args.block_steps):
+                        _train_step(ddp, optimizer, *next(it), totals, meet if mode == "lockstep" else None)
+                        ends.append(time.perf_counter())
+                if rnd >= 0:
+                    blocks.append((rnd, mode, start, ends))
+        queue.put(blocks)
+
+
+def _worker_setup(rank: int, args: argparse.Namespace, steps: int):
+    """A process set up as ddpscale's CPU worker with train.threads=1 (threads and
+    allocator), in-memory batches of this rank's shard of steps x batch x procs images,
+    and the default CNN."""
     import torch
     from torch.utils.data import DistributedSampler
 
@@ -445,47 +598,33 @@ def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue, flags) ->
     from ddpscale.distributed import configure_cpu_worker
     from ddpscale.models import CNN
 
-    # The process set up exactly as a ddpscale CPU worker with train.threads=1 (threads
-    # and allocator), so the limit differs from ddpscale only by the missing sync.
     configure_cpu_worker(args.procs, threads=1, malloc_cache=TrainConfig().malloc_cache)
-
     data = DataConfig(name="fashion_mnist", root=args.data_root, batch_size=args.batch_size,
-                      train_size=args.steps * args.batch_size * args.procs, mean=MEAN, std=STD)
+                      train_size=steps * args.batch_size * args.procs, mean=MEAN, std=STD)
     torch.manual_seed(0)
     split = load_split(data, train=True)
     sampler = DistributedSampler(range(len(split)), num_replicas=args.procs, rank=rank, seed=0)
     batches = MemoryBatches(normalised(split, data), split.labels, sampler, args.batch_size)
     model = CNN(CNNConfig(), data)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    step = 0
+    model.train()
+    return batches, model
 
-    def meet() -> None:
-        nonlocal step
-        step += 1
-        flags[rank] = step
-        while int(flags.min()) < step:
-            os.sched_yield()
 
-    for epoch in (1, 2):
-        batches.set_epoch(epoch)
-        model.train()
-        totals = torch.zeros(3, dtype=torch.float64)
-        barrier.wait()  # start together, as the DDP ranks do after their barrier
-        start = time.perf_counter()
-        for x, y in batches:
-            logits = model(x)
-            loss = loss_fn(logits, y)
-            loss.backward()
-            if args.lockstep:
-                meet()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            with torch.no_grad():  # the same per-step bookkeeping as ddpscale's trainer
-                totals += torch.stack([loss.detach().double() * len(y), (logits.argmax(1) == y).sum().double(),
-                                       torch.tensor(float(len(y)), dtype=torch.float64)])
-        seconds = time.perf_counter() - start
-        queue.put({"epoch": epoch, "rank": rank, "images_per_sec": totals[2].item() / seconds})
+def _train_step(model, optimizer, x, y, totals, after_backward=None) -> None:
+    """ddpscale's trainer's step: forward, loss, backward, optimizer step and the same
+    per-step bookkeeping into `totals` (loss sum, correct, count)."""
+    import torch
+
+    logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits, y)
+    loss.backward()
+    if after_backward is not None:
+        after_backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        totals += torch.stack([loss.detach().double() * len(y), (logits.argmax(1) == y).sum().double(),
+                               torch.tensor(float(len(y)), dtype=torch.float64)])
 
 
 def bare_main(args: argparse.Namespace) -> None:
@@ -526,12 +665,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, one repeat, no 1-worker default-thread cases")
     p.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     p.add_argument("--timeout", type=float, default=300, help="seconds allowed per subprocess")
-    p.add_argument("--worker", choices=["nosync", "bare"], help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["nosync", "interleaved", "bare"], help=argparse.SUPPRESS)
+    p.add_argument("--block-steps", type=int, default=None, help="steps per interleaved block (default 5; quick 2)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per repeat (default 16; quick 2)")
     p.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--lockstep", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
     args.steps = args.steps or (4 if quick else 30)
+    args.block_steps = args.block_steps or (2 if quick else 5)
+    args.rounds = args.rounds or (2 if quick else 16)
     args.repeats = args.repeats or (1 if quick else 3)
     args.startup_repeats = args.startup_repeats or (1 if quick else 3)
     return args
@@ -541,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker == "nosync":
         nosync_main(args)
+        return 0
+    if args.worker == "interleaved":
+        interleaved_main(args)
         return 0
     if args.worker == "bare":
         bare_main(args)
