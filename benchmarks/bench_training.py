@@ -1,6 +1,6 @@
 """Training speed: ddpscale against the textbook DDP loop, the machine's limit, a bare script.
 
-    .venv/bin/python benchmarks/bench_training.py                 # about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_training.py                 # about 16 minutes on 2 cores
     .venv/bin/python benchmarks/bench_training.py --quick         # smoke run, about a minute
     .venv/bin/python benchmarks/bench_training.py --json out.json # also save the figures
 
