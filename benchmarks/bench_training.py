@@ -1,7 +1,7 @@
 """Training speed: ddpscale against the textbook DDP loop, the machine's limit, a bare script.
 
     .venv/bin/python benchmarks/bench_training.py                 # about 16 minutes on 2 cores
-    .venv/bin/python benchmarks/bench_training.py --quick         # smoke run, about a minute
+    .venv/bin/python benchmarks/bench_training.py --quick         # smoke run, about two minutes
     .venv/bin/python benchmarks/bench_training.py --json out.json # also save the figures
 
 Every figure is measured in this run, on this machine, each in its own process:
@@ -69,6 +69,7 @@ LR = 0.05  # conf/optim/sgd.yaml
 RAW_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
              "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
 TARGETS = {"vs_textbook": 1.25, "vs_limit": 0.95, "startup_s": 3.0}
+MODES = ("synced", "unsynced", "lockstep")  # the interleaved case's kinds of block
 
 
 @dataclass
@@ -185,7 +186,6 @@ class Bench:
         case.images_per_sec.append(row["images_per_sec"])
         case.extra["ddpscale_threads_at_2_workers"] = row["ddpscale_threads_at_2_workers"]
 
-
     def interleaved(self, case: Case) -> None:
         case.command = [PY, str(THIS), "--worker", "interleaved", "--procs", str(case.world),
                         "--block-steps", str(self.args.block_steps), "--rounds", str(self.args.rounds),
@@ -194,6 +194,7 @@ class Bench:
         rounds = tagged(out)
         case.extra.setdefault("rounds", []).extend(rounds)
         case.images_per_sec.append(_pooled(rounds, "synced"))
+
     def startup_bare(self) -> tuple[float, float, list[str]]:
         cmd = [PY, str(THIS), "--worker", "bare", "--batch-size", str(self.args.batch_size),
                "--data-root", str(self.raw.parent.parent)]
@@ -519,9 +520,6 @@ class Meeting:
         self.flags[self.rank] = self.count
         while int(self.flags.min()) < self.count:
             os.sched_yield()
-
-
-MODES = ("synced", "unsynced", "lockstep")  # the interleaved worker's blocks
 
 
 def interleaved_main(args: argparse.Namespace) -> None:
