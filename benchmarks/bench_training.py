@@ -486,6 +486,7 @@ def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
             _train_step(model, optimizer, x, y, totals)
             ends.append(time.perf_counter())
         queue.put({"epoch": epoch, "rank": rank, "start": start, "ends": ends})
+    _exit_worker()
 
 
 def overlap_rate(ranks: list[tuple[float, list[float]]], batch: int) -> float:
@@ -581,6 +582,15 @@ def interleaved_worker(rank: int, args: argparse.Namespace, port: int, queue, fl
                 if rnd >= 0:
                     blocks.append((rnd, mode, start, ends))
         queue.put(blocks)
+    _exit_worker()
+
+
+def _exit_worker() -> None:
+    """Leave as ddpscale's workers do: a normal exit aborts about once in 60 in C++
+    teardown (ddpscale.distributed.exit_finished_worker), which would fail the run."""
+    from ddpscale.distributed import exit_finished_worker
+
+    exit_finished_worker()
 
 
 def _worker_setup(rank: int, args: argparse.Namespace, steps: int):
