@@ -495,18 +495,19 @@ def overlap_rate(ranks: list[tuple[float, list[float]]], batch: int) -> float:
     Each process gives its start and the end of every step (perf_counter: the same
     monotonic clock in every process here). Free-running processes finish at different
     times, and one left running alone has the machine to itself, which would flatter a
-    sum of whole-run rates (two such processes then seemed faster than twice one);
-    so the window closes when the first process finishes, and the others' steps count
-    up to it, the step in progress pro rata."""
+    sum of whole-run rates (two such processes then seemed faster than twice one); so
+    the window runs from the last start to the first finish, and a step that straddles
+    either edge counts for the share of it inside the window."""
     begin = max(start for start, _ in ranks)
     close = min(ends[-1] for _, ends in ranks)
-    total = 0.0
+    steps = 0.0
     for start, ends in ranks:
         bounds = [start, *ends]
-        done = sum(1 for e in ends if e <= close)
-        partial = 0.0 if done == len(ends) else (close - bounds[done]) / (bounds[done + 1] - bounds[done])
-        total += (done + partial) * batch
-    return total / (close - begin)
+        for lo, hi in zip(bounds, bounds[1:]):
+            inside = min(hi, close) - max(lo, begin)
+            if inside > 0:
+                steps += inside / (hi - lo)
+    return steps * batch / (close - begin)
 
 
 class Meeting:
