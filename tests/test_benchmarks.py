@@ -1,0 +1,175 @@
+"""The training benchmark's arithmetic and its worker modes, which the README's figures rest on.
+
+The full benchmark takes a quarter of an hour and is run by hand; here its ratios are
+checked on cases worked out by hand, its report is printed from a complete set of cases,
+and each worker mode runs for real (processes, Fashion-MNIST, DDP) at the smallest size.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("bench_training", REPO / "benchmarks" / "bench_training.py")
+bench = importlib.util.module_from_spec(_spec)
+sys.modules["bench_training"] = bench  # its dataclasses look themselves up there
+_spec.loader.exec_module(bench)
+
+
+# --------------------------------------------------------------------------- overlap_rate
+
+
+def test_overlap_rate_counts_every_step_when_all_finish_together():
+    # 3 + 2 steps of 10 images in the same 3 seconds
+    assert bench.overlap_rate([(0.0, [1.0, 2.0, 3.0]), (0.0, [1.5, 3.0])], 10) == pytest.approx(50 / 3)
+
+
+def test_overlap_rate_ignores_what_a_process_does_alone():
+    # The first process stops at t=2; the second then speeds up with the machine to itself.
+    # Only 2/3 of its first step fell inside the window; a sum of whole-run rates
+    # (20/2 + 20/3.5 = 15.7) would count its solo sprint too.
+    ranks = [(0.0, [1.0, 2.0]), (0.0, [3.0, 3.5])]
+    assert bench.overlap_rate(ranks, 10) == pytest.approx((20 + 10 * 2 / 3) / 2)
+
+
+def test_overlap_rate_window_opens_at_the_latest_start():
+    # The second process starts at t=0.5: the window is [0.5, 3], and the first
+    # process's first step counts for the half of it inside.
+    ranks = [(0.0, [1.0, 2.0, 3.0]), (0.5, [1.75, 3.0])]
+    assert bench.overlap_rate(ranks, 10) == pytest.approx((25 + 20) / 2.5)
+
+
+# --------------------------------------------------------------------------- ratios
+
+
+def _case(key: str, values: list[float], repeats: list[int]) -> "bench.Case":
+    return bench.Case(key, key, 2, "1", images_per_sec=values, repeat=repeats)
+
+
+def test_paired_takes_neighbours_in_the_same_repeat():
+    a = _case("ddp2", [100, 110, 90, 99], [0, 0, 1, 1])
+    b = _case("limit2", [200, 100, 100, 90], [0, 0, 1, 1])
+    assert bench._paired(a, b) == pytest.approx(statistics.median([0.5, 1.1, 0.9, 1.1]))
+
+
+def test_paired_compares_means_when_counts_differ():
+    a = _case("tb2_1t", [100], [0])
+    b = _case("limit2", [200, 100], [0, 0])
+    assert bench._paired(a, b) == pytest.approx(100 / 150)
+
+
+def test_pooled_is_the_rate_over_all_blocks():
+    # equal images per block: 1 block at 100 img/s and 1 at 300 img/s take 4/3 of the time
+    # of two blocks at 150 img/s
+    assert bench._pooled([{"synced": 100.0}, {"synced": 300.0}], "synced") == pytest.approx(150.0)
+
+
+def _full_cases(ddp2: float, limit2: float) -> dict:
+    cases = {}
+    for key, rate in [("ddp2", ddp2), ("limit2", limit2), ("il2", 1500), ("ddp2_gloo", 1400),
+                      ("tb2", 800), ("tb2_1t", 1300), ("solo1", 880), ("ddp1_1t", 860),
+                      ("ddp1", 1200), ("tb1", 900)]:
+        cases[key] = _case(key, [rate, rate], [0, 0])
+    cases["limit2"].extra["ddpscale_threads_at_2_workers"] = 1
+    cases["il2"].extra["rounds"] = [{"synced": 1500.0, "unsynced": 1600.0, "lockstep": 1540.0},
+                                    {"synced": 1560.0, "unsynced": 1620.0, "lockstep": 1580.0}]
+    return cases
+
+
+STARTUP = {"bare": [{"first_step_s": 2.0, "wall_s": 2.1}],
+           "ddp1": [{"first_step_s": 4.0, "wall_s": 5.0}],
+           "ddp2": [{"first_step_s": 4.5, "wall_s": 5.5}]}
+
+
+@pytest.mark.parametrize("ddp2, met", [(1560.0, True), (1500.0, False)])
+def test_summary_judges_the_targets_from_the_figures(ddp2, met):
+    f = bench.summarise(_full_cases(ddp2, 1600.0), STARTUP)
+    assert f["ddpscale_ws2_vs_limit_paired"] == pytest.approx(ddp2 / 1600)
+    assert f["targets"]["ddpscale ws2 >= 0.95x limit (separate runs, median of paired ratios)"] is met
+    assert f["interleaved_synced_vs_unsynced"] == pytest.approx(
+        bench._pooled([{"s": 1500.0}, {"s": 1560.0}], "s") / bench._pooled([{"s": 1600.0}, {"s": 1620.0}], "s"))
+    assert f["startup_overhead_s"] == {"ddp1": pytest.approx(2.0), "ddp2": pytest.approx(2.5)}
+    assert f["targets"]["start-up <= bare + 3 s (1 worker)"] is True
+
+
+def test_report_prints_every_comparison(capsys):
+    cases = _full_cases(1560.0, 1600.0)
+    report = {"machine": {"loadavg_end": (0.1, 0.1, 0.1)},
+              "settings": {"interleaved_block_steps": 5},
+              "startup": STARTUP, "startup_commands": {"bare": "python bare"},
+              "figures": bench.summarise(cases, STARTUP)}
+    bench.print_report(report, cases)
+    out = capsys.readouterr().out
+    for heading in ("1. ddpscale vs the textbook", "2. weak scaling", "3. start to first training step",
+                    "targets: "):
+        assert heading in out
+    assert "ratio ddpscale / textbook, 2 workers: 1.95x" in out  # 1560 / 800
+
+
+# --------------------------------------------------------------------------- Meeting
+
+
+def test_meeting_holds_each_process_until_all_have_arrived():
+    flags = torch.zeros(2, dtype=torch.int64)
+    meetings = [bench.Meeting(flags, 0), bench.Meeting(flags, 1)]
+    arrived, passed = {0: [], 1: []}, {0: [], 1: []}
+
+    def party(rank: int, delay: float) -> None:
+        for _ in range(3):
+            time.sleep(delay)
+            arrived[rank].append(time.perf_counter())
+            meetings[rank]()
+            passed[rank].append(time.perf_counter())
+
+    threads = [threading.Thread(target=party, args=(0, 0.0)), threading.Thread(target=party, args=(1, 0.05))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(passed[0]) == len(passed[1]) == 3
+    for k in range(3):  # the fast party never leaves meeting k before the slow one arrives
+        assert passed[0][k] >= arrived[1][k]
+
+
+# --------------------------------------------------------------------------- worker modes
+
+
+def _worker(fmnist_root, *args: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_training.py"), *args,
+                           "--batch-size", "32", "--data-root", str(fmnist_root)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+
+
+@pytest.mark.slow
+def test_nosync_worker_measures_both_epochs(fmnist_root):
+    rows = _worker(fmnist_root, "--worker", "nosync", "--procs", "2", "--steps", "3")
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert all(r["images_per_sec"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_interleaved_worker_measures_every_kind_of_block(fmnist_root):
+    rows = _worker(fmnist_root, "--worker", "interleaved", "--procs", "2", "--block-steps", "2",
+                   "--rounds", "2")
+    assert [r["round"] for r in rows] == [0, 1]
+    for row in rows:
+        assert all(row[mode] > 0 for mode in bench.MODES)
+
+
+@pytest.mark.slow
+def test_bare_worker_takes_one_step(fmnist_root):
+    (row,) = _worker(fmnist_root, "--worker", "bare")
+    assert row["first_step_done"] <= time.time()
+    assert row["loss"] == pytest.approx(2.3, abs=0.5)  # an untrained 10-class CNN
