@@ -173,3 +173,17 @@ def test_bare_worker_takes_one_step(fmnist_root):
     (row,) = _worker(fmnist_root, "--worker", "bare")
     assert row["first_step_done"] <= time.time()
     assert row["loss"] == pytest.approx(2.3, abs=0.5)  # an untrained 10-class CNN
+
+
+@pytest.mark.slow
+def test_textbook_loop_trains_and_reports(fmnist_root, tmp_path):
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in bench.RAW_FILES:  # torchvision extracts its own copy next to them
+        (raw / name).write_bytes((fmnist_root / "FashionMNIST" / "raw" / name).read_bytes())
+    proc = subprocess.run([sys.executable, str(bench.TEXTBOOK), "--root", str(tmp_path), "--world-size", "2",
+                           "--batch-size", "32", "--train-size", "256", "--epochs", "1", "--threads", "1"],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (row,) = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert row["epoch"] == 1 and row["images_per_sec"] > 0 and row["threads"] == 1
