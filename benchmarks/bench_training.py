@@ -1,6 +1,6 @@
 """Training speed: ddpscale against the textbook DDP loop, the machine's limit, a bare script.
 
-    .venv/bin/python benchmarks/bench_training.py                 # about 16 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_training.py                 # about 20 minutes on 2 cores
     .venv/bin/python benchmarks/bench_training.py --quick         # smoke run, about two minutes
     .venv/bin/python benchmarks/bench_training.py --json out.json # also save the figures
 
@@ -666,7 +666,7 @@ def bare_main(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=128, help="per worker (default 128)")
-    p.add_argument("--steps", type=int, default=None, help="steps per worker per epoch (default 30; quick 4)")
+    p.add_argument("--steps", type=int, default=None, help="steps per worker per epoch (default 60; quick 4)")
     p.add_argument("--repeats", type=int, default=None, help="throughput repeats, best kept (default 3; quick 1)")
     p.add_argument("--startup-repeats", type=int, default=None, help="start-up repeats, median kept (default 3; quick 1)")
     p.add_argument("--val-size", type=int, default=512, help="validation images of the ddpscale runs (untimed)")
@@ -680,7 +680,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
-    args.steps = args.steps or (4 if quick else 30)
+    args.steps = args.steps or (4 if quick else 60)
     args.block_steps = args.block_steps or (2 if quick else 5)
     args.rounds = args.rounds or (2 if quick else 16)
     args.repeats = args.repeats or (1 if quick else 3)
