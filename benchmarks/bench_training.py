@@ -23,7 +23,8 @@ Every figure is measured in this run, on this machine, each in its own process:
    nothing). Neighbouring blocks share the machine's speed of the moment; lock-step is
    the most any synchronous data-parallel training reaches here (every step lasts as
    long as the slower worker's), so it separates what lock-step costs on this machine
-   from what ddpscale's gradient synchronisation adds.
+   from what ddpscale's gradient synchronisation adds. The limit's own step times give
+   the same bound a third way: each step made as long as the slower process's.
 3. start to first training step: a bare script (import torch, read the data, build the
    model, one step) against a one-step `train.py` run; ddpscale's first step is bounded
    by the moment its results.csv row appears (the row follows the step, the reductions
@@ -185,6 +186,7 @@ class Bench:
         row = next(r for r in tagged(out) if r["epoch"] == 2)
         case.images_per_sec.append(row["images_per_sec"])
         case.extra["ddpscale_threads_at_2_workers"] = row["ddpscale_threads_at_2_workers"]
+        case.extra.setdefault("lockstep_bound", []).append(row["lockstep_bound"])
 
     def interleaved(self, case: Case) -> None:
         case.command = [PY, str(THIS), "--worker", "interleaved", "--procs", str(case.world),
@@ -336,6 +338,7 @@ def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
     median = {k: statistics.median(r["first_step_s"] for r in v) for k, v in startup.items()}
     f["first_step_s"] = median
     f["startup_overhead_s"] = {k: median[k] - median["bare"] for k in median if k != "bare"}
+    f["limit_lockstep_bound"] = statistics.median(cases["limit2"].extra["lockstep_bound"])
     f["targets"] = {
         "ddpscale >= 1.25x textbook (ws2)": f["ddpscale_vs_textbook_ws2"] >= TARGETS["vs_textbook"],
         "ddpscale ws2 >= 0.95x limit (separate runs, median of paired ratios)":
@@ -428,6 +431,8 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
           "   (what waiting for the slower worker each step costs here)")
     print(f"  synced / lock-step                : {f['interleaved_synced_vs_lockstep']:.3f}"
           "   (what ddpscale's gradient exchange adds to that)")
+    print(f"  limit's own steps made lock-step  : {f['limit_lockstep_bound']:.3f}"
+          "   (each step as long as the slower process's; median over the limit's runs)")
     print(f"  textbook 2 workers / limit        : {f['textbook_1thread_ws2_vs_limit']:.3f}   (issue: about 0.84)")
     print(f"  same, median of paired repeats    : {f['textbook_1thread_ws2_vs_limit_paired']:.3f}")
     print(f"  limit / (2 x one process)         : {f['limit_vs_twice_one_proc']:.3f}   (issue: about 0.84)")
@@ -465,8 +470,9 @@ def nosync_main(args: argparse.Namespace) -> None:
     from ddpscale.distributed import cpu_threads
 
     for epoch in (1, 2):
-        rate = overlap_rate([(r["start"], r["ends"]) for r in rows if r["epoch"] == epoch], args.batch_size)
-        print("RESULT " + json.dumps({"epoch": epoch, "images_per_sec": rate,
+        ranks = [(r["start"], r["ends"]) for r in rows if r["epoch"] == epoch]
+        print("RESULT " + json.dumps({"epoch": epoch, "images_per_sec": overlap_rate(ranks, args.batch_size),
+                                      "lockstep_bound": lockstep_bound(ranks),
                                       "ddpscale_threads_at_2_workers": cpu_threads(2)}), flush=True)
 
 
@@ -508,6 +514,19 @@ def overlap_rate(ranks: list[tuple[float, list[float]]], batch: int) -> float:
             if inside > 0:
                 steps += inside / (hi - lo)
     return steps * batch / (close - begin)
+
+
+def lockstep_bound(ranks: list[tuple[float, list[float]]]) -> float:
+    """The share of free-running throughput these very steps would keep in lock-step.
+
+    Step k of every process made to last as long as the slowest one's step k: the mean
+    time of the processes' own steps over the time of those lock-step ones. Synchronous
+    training cannot do better with the same step times, so 1 minus this is what the
+    machine's uneven speed alone costs it; 1.0 for one process."""
+    durations = [[b - a for a, b in zip([start, *ends], ends)] for start, ends in ranks]
+    n = min(len(d) for d in durations)
+    own = sum(sum(d[:n]) for d in durations) / len(durations)
+    return own / sum(max(d[k] for d in durations) for k in range(n))
 
 
 class Meeting:

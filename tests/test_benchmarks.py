@@ -1,6 +1,6 @@
 """The training benchmark's arithmetic and its worker modes, which the README's figures rest on.
 
-The full benchmark takes a quarter of an hour and is run by hand; here its ratios are
+The full benchmark takes about 20 minutes and is run by hand; here its ratios are
 checked on cases worked out by hand, its report is printed from a complete set of cases,
 and each worker mode runs for real (processes, Fashion-MNIST, DDP) at the smallest size.
 """
@@ -49,6 +49,13 @@ def test_overlap_rate_window_opens_at_the_latest_start():
     assert bench.overlap_rate(ranks, 10) == pytest.approx((25 + 20) / 2.5)
 
 
+def test_lockstep_bound_makes_each_step_wait_for_the_slower_process():
+    # step times 1, 3 and 3, 1: each process works 4 s, in lock-step the two steps take 6 s
+    assert bench.lockstep_bound([(0.0, [1.0, 4.0]), (0.0, [3.0, 4.0])]) == pytest.approx(4 / 6)
+    assert bench.lockstep_bound([(0.0, [1.0, 2.0]), (5.0, [6.0, 7.0, 8.0])]) == pytest.approx(1.0)
+    assert bench.lockstep_bound([(0.0, [2.0, 3.0])]) == pytest.approx(1.0)
+
+
 # --------------------------------------------------------------------------- ratios
 
 
@@ -81,6 +88,7 @@ def _full_cases(ddp2: float, limit2: float) -> dict:
                       ("ddp1", 1200), ("tb1", 900)]:
         cases[key] = _case(key, [rate, rate], [0, 0])
     cases["limit2"].extra["ddpscale_threads_at_2_workers"] = 1
+    cases["limit2"].extra["lockstep_bound"] = [0.96, 0.97]
     cases["il2"].extra["rounds"] = [{"synced": 1500.0, "unsynced": 1600.0, "lockstep": 1540.0},
                                     {"synced": 1560.0, "unsynced": 1620.0, "lockstep": 1580.0}]
     return cases
@@ -98,6 +106,7 @@ def test_summary_judges_the_targets_from_the_figures(ddp2, met):
     assert f["targets"]["ddpscale ws2 >= 0.95x limit (separate runs, median of paired ratios)"] is met
     assert f["interleaved_synced_vs_unsynced"] == pytest.approx(
         bench._pooled([{"s": 1500.0}, {"s": 1560.0}], "s") / bench._pooled([{"s": 1600.0}, {"s": 1620.0}], "s"))
+    assert f["limit_lockstep_bound"] == pytest.approx(0.965)
     assert f["startup_overhead_s"] == {"ddp1": pytest.approx(2.0), "ddp2": pytest.approx(2.5)}
     assert f["targets"]["start-up <= bare + 3 s (1 worker)"] is True
 
@@ -156,7 +165,7 @@ def _worker(fmnist_root, *args: str) -> list[dict]:
 def test_nosync_worker_measures_both_epochs(fmnist_root):
     rows = _worker(fmnist_root, "--worker", "nosync", "--procs", "2", "--steps", "3")
     assert [r["epoch"] for r in rows] == [1, 2]
-    assert all(r["images_per_sec"] > 0 for r in rows)
+    assert all(r["images_per_sec"] > 0 and 0 < r["lockstep_bound"] <= 1 for r in rows)
 
 
 @pytest.mark.slow
