@@ -196,3 +196,37 @@ def test_textbook_loop_trains_and_reports(fmnist_root, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (row,) = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert row["epoch"] == 1 and row["images_per_sec"] > 0 and row["threads"] == 1
+
+
+# --------------------------------------------------------------------------- step_jitter.py
+
+_jspec = importlib.util.spec_from_file_location("step_jitter", REPO / "benchmarks" / "step_jitter.py")
+jitter = importlib.util.module_from_spec(_jspec)
+_jspec.loader.exec_module(jitter)
+
+
+def test_spread_of_step_times():
+    s = jitter.spread([0.1, 0.1, 0.2, 0.2])
+    assert s["mean_ms"] == pytest.approx(150.0)
+    assert s["stdev_share"] == pytest.approx(1 / 3)
+
+
+def test_block_correlation_of_processes_that_wander_together_or_apart():
+    slow_fast = [0.2] * 5 + [0.1] * 5 + [0.2] * 5 + [0.1] * 5
+    fast_slow = [0.1] * 5 + [0.2] * 5 + [0.1] * 5 + [0.2] * 5
+    assert jitter.block_correlation(slow_fast, slow_fast) == pytest.approx(1.0)
+    assert jitter.block_correlation(slow_fast, fast_slow) == pytest.approx(-1.0)
+    assert jitter.block_correlation([0.1] * 20, slow_fast) is None  # a steady process: undefined
+
+
+@pytest.mark.slow
+def test_step_jitter_runs_and_reports(fmnist_root, tmp_path):
+    # its own process: it sets up this process as a 1-thread worker
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "step_jitter.py"), "--steps", "6",
+                           "--batch-size", "32", "--data-root", str(fmnist_root), "--json", str(tmp_path / "j.json")],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1. one process alone" in proc.stdout and "lock-step bound" in proc.stdout
+    r = json.loads((tmp_path / "j.json").read_text())
+    assert 0 < r["pair"]["lockstep_bound"] <= 1
+    assert r["alone"]["cnn"]["mean_ms"] > 0 and r["alone"]["matmul"]["mean_ms"] > 0
