@@ -639,9 +639,11 @@ def _worker_setup(rank: int, args: argparse.Namespace, steps: int):
 
 
 def _train_step(model, optimizer, x, y, totals, after_backward=None) -> None:
-    """ddpscale's trainer's step: forward, loss, backward, optimizer step and the same
+    """ddpscale's trainer's step: forward, loss, backward, optimizer step and its own
     per-step bookkeeping into `totals` (loss sum, correct, count)."""
     import torch
+
+    from ddpscale.trainer import batch_totals
 
     logits = model(x)
     loss = torch.nn.functional.cross_entropy(logits, y)
@@ -651,8 +653,7 @@ def _train_step(model, optimizer, x, y, totals, after_backward=None) -> None:
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     with torch.no_grad():
-        totals += torch.stack([loss.detach().double() * len(y), (logits.argmax(1) == y).sum().double(),
-                               torch.tensor(float(len(y)), dtype=torch.float64)])
+        totals += batch_totals(loss.detach().double() * len(y), logits, y)
 
 
 def bare_main(args: argparse.Namespace) -> None:

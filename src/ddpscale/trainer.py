@@ -121,11 +121,7 @@ class Trainer:
             if boundary:
                 self._optimizer_step()
             with torch.no_grad():
-                totals += torch.stack([
-                    loss.detach().double() * len(y),
-                    (logits.argmax(1) == y).sum().double(),
-                    torch.tensor(float(len(y)), dtype=torch.float64, device=device),
-                ])
+                totals += batch_totals(loss.detach().double() * len(y), logits, y)
             if device.type != "cuda":  # on CUDA, events time the steps without a sync
                 step_times.append(time.perf_counter() - step_start)
         events.mark()
@@ -244,8 +240,7 @@ class Trainer:
             with self.precision.autocast(self.ctx.device.type):
                 logits = model(x)
             loss = nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-            totals += torch.stack([loss.double(), (logits.argmax(1) == y).sum().double(),
-                                   torch.tensor(float(len(y)), dtype=torch.float64, device=x.device)])
+            totals += batch_totals(loss, logits, y)
         dist.all_reduce(totals)  # sum the counts, never average per-rank averages
         loss_sum, correct, count = totals.tolist()
         return loss_sum / max(count, 1), correct / max(count, 1), int(count)
@@ -256,6 +251,12 @@ class Trainer:
         for tensor in self.model.module.state_dict().values():
             digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         return digest.hexdigest()
+
+
+def batch_totals(loss_sum: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One batch's (loss sum, correct, count) as float64 on the batch's device."""
+    return torch.stack([loss_sum.double(), (logits.argmax(1) == y).sum().double(),
+                        torch.tensor(float(len(y)), dtype=torch.float64, device=y.device)])
 
 
 def _quantile(values: list[float], q: float) -> float:
