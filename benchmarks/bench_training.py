@@ -523,10 +523,15 @@ def lockstep_bound(ranks: list[tuple[float, list[float]]]) -> float:
     time of the processes' own steps over the time of those lock-step ones. Synchronous
     training cannot do better with the same step times, so 1 minus this is what the
     machine's uneven speed alone costs it; 1.0 for one process."""
-    durations = [[b - a for a, b in zip([start, *ends], ends)] for start, ends in ranks]
+    durations = [step_durations(start, ends) for start, ends in ranks]
     n = min(len(d) for d in durations)
     own = sum(sum(d[:n]) for d in durations) / len(durations)
     return own / sum(max(d[k] for d in durations) for k in range(n))
+
+
+def step_durations(start: float, ends: list[float]) -> list[float]:
+    """Seconds of each step of a process that started at `start` and ended steps at `ends`."""
+    return [b - a for a, b in zip([start, *ends], ends)]
 
 
 class Meeting:
@@ -569,8 +574,9 @@ def interleaved_worker(rank: int, args: argparse.Namespace, port: int, queue, fl
     (under no_sync: the limit, the same processes doing the same work without gradient
     sync) and lock-step (under no_sync, meeting after each backward as in `Meeting`).
     Each round runs the three in a rotated order; each block starts at a barrier outside
-    its clock and is counted as in `overlap_rate`. Neighbouring blocks share the VM's speed of the moment, which separate
-    runs do not. Replicas drift apart in the unsynced blocks; the work is the same."""
+    its clock and is counted as in `overlap_rate`. Neighbouring blocks share the VM's
+    speed of the moment, which separate runs do not. Replicas drift apart in the
+    unsynced blocks; the work is the same."""
     import torch
     import torch.distributed as dist
 

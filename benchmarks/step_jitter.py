@@ -87,10 +87,6 @@ def matmul_steps(steps: int, step_s: float) -> list[float]:
     return durations
 
 
-def _durations(start: float, ends: list[float]) -> list[float]:
-    return [b - a for a, b in zip([start, *ends], ends)]
-
-
 def _pair_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
     queue.put((rank, train_steps(rank, args, barrier)))
     bt._exit_worker()
@@ -99,18 +95,15 @@ def _pair_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
 def measure(args: argparse.Namespace) -> dict:
     import torch.multiprocessing as mp
 
-    args.procs = 1
-    start, ends = train_steps(0, args)
-    alone = _durations(start, ends)
+    alone = bt.step_durations(*train_steps(0, argparse.Namespace(**vars(args), procs=1)))
     mm = matmul_steps(args.steps, statistics.mean(alone))
 
-    args.procs = 2
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(2), ctx.SimpleQueue()
-    mp.spawn(_pair_worker, args=(args, barrier, queue), nprocs=2)
+    mp.spawn(_pair_worker, args=(argparse.Namespace(**vars(args), procs=2), barrier, queue), nprocs=2)
     ranks = dict(queue.get() for _ in range(2))
     pair = [ranks[0], ranks[1]]
-    d0, d1 = (_durations(*r) for r in pair)
+    d0, d1 = (bt.step_durations(*r) for r in pair)
     return {"steps": args.steps, "batch_size": args.batch_size,
             "alone": {"cnn": spread(alone), "matmul": spread(mm)},
             "pair": {"rank0": spread(d0), "rank1": spread(d1), "block_correlation": block_correlation(d0, d1),
