@@ -458,14 +458,37 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
 # --------------------------------------------------------------------------- worker modes
 
 
+def spawn_collect(fn, args: tuple, nprocs: int, queue, count: int) -> list:
+    """Start `nprocs` spawned workers fn(rank, *args) and return the `count` items they
+    put on `queue` (a SimpleQueue), read while they run.
+
+    Reading only after mp.spawn returns deadlocks once the items outgrow the pipe
+    (64 KiB): a worker's put blocks until someone reads, and the parent waits for the
+    worker. A worker that fails ends the others and raises, as mp.spawn does."""
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    items: list = []
+    done = False
+    while len(items) < count:
+        if not queue.empty():
+            items.append(queue.get())
+        elif done:
+            raise RuntimeError(f"the workers exited having sent {len(items)} of {count} results")
+        else:
+            done = context.join(timeout=0.1)  # raises if a worker failed
+    while not done:
+        done = context.join()
+    return items
+
+
 def nosync_main(args: argparse.Namespace) -> None:
     """--procs processes training ddpscale's way at the same time, no process group."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(args.procs), ctx.SimpleQueue()
-    mp.spawn(nosync_worker, args=(args, barrier, queue), nprocs=args.procs)
-    rows = [queue.get() for _ in range(args.procs * 2)]
+    rows = spawn_collect(nosync_worker, (args, barrier, queue), args.procs, queue, args.procs * 2)
     sys.path.insert(0, str(REPO / "src"))
     from ddpscale.distributed import cpu_threads
 
@@ -559,8 +582,8 @@ def interleaved_main(args: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     flags = torch.zeros(args.procs, dtype=torch.int64).share_memory_()
-    mp.spawn(interleaved_worker, args=(args, free_port(), queue, flags), nprocs=args.procs)
-    blocks = [queue.get() for _ in range(args.procs)]  # per rank: [(round, mode, start, ends), ...]
+    # per rank: [(round, mode, start, ends), ...]
+    blocks = spawn_collect(interleaved_worker, (args, free_port(), queue, flags), args.procs, queue, args.procs)
     for rnd in range(args.rounds):
         rate = {m: overlap_rate([(start, ends) for b in blocks for r, mode, start, ends in b
                                  if r == rnd and mode == m], args.batch_size)

@@ -100,8 +100,8 @@ def measure(args: argparse.Namespace) -> dict:
 
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(2), ctx.SimpleQueue()
-    mp.spawn(_pair_worker, args=(argparse.Namespace(**vars(args), procs=2), barrier, queue), nprocs=2)
-    ranks = dict(queue.get() for _ in range(2))
+    ranks = dict(bt.spawn_collect(_pair_worker, (argparse.Namespace(**vars(args), procs=2), barrier, queue),
+                                  2, queue, 2))
     pair = [ranks[0], ranks[1]]
     d0, d1 = (bt.step_durations(*r) for r in pair)
     return {"steps": args.steps, "batch_size": args.batch_size,

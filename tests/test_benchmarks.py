@@ -150,6 +150,46 @@ def test_meeting_holds_each_process_until_all_have_arrived():
         assert passed[0][k] >= arrived[1][k]
 
 
+# --------------------------------------------------------------------------- spawn_collect
+
+
+def _sender(rank: int, queue, behaviour: str) -> None:
+    if behaviour == "fail" and rank == 1:
+        raise ValueError("worker 1 failed")
+    if behaviour != "silent" or rank == 0:
+        queue.put((rank, b"x" * 200_000))  # 3x a pipe's 64 KiB: put blocks until read
+
+
+def _collect(behaviour: str):
+    import torch.multiprocessing as mp
+
+    queue = mp.get_context("spawn").SimpleQueue()
+    outcome = {}
+
+    def run() -> None:
+        try:
+            outcome["items"] = bench.spawn_collect(_sender, (queue, behaviour), 2, queue, 2)
+        except Exception as err:  # noqa: BLE001 - the test looks at what it was
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=90)
+    assert not thread.is_alive(), "spawn_collect hung"
+    return outcome
+
+
+def test_spawn_collect_reads_results_bigger_than_a_pipe_while_the_workers_run():
+    items = _collect("ok")["items"]
+    assert sorted(rank for rank, _ in items) == [0, 1]
+    assert all(len(payload) == 200_000 for _, payload in items)
+
+
+def test_spawn_collect_raises_when_a_worker_fails_or_sends_too_little():
+    assert "worker 1 failed" in str(_collect("fail")["error"])
+    assert "sent 1 of 2 results" in str(_collect("silent")["error"])
+
+
 # --------------------------------------------------------------------------- worker modes
 
 
