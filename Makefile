@@ -40,6 +40,7 @@ demo: install data
 bench: install data
 	$(PY) benchmarks/bench_training.py
 	$(PY) benchmarks/step_jitter.py
+	$(PY) benchmarks/bench_allreduce.py
 	$(PY) benchmarks/bench_analysis.py
 
 clean:

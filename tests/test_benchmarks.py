@@ -270,3 +270,27 @@ def test_step_jitter_runs_and_reports(fmnist_root, tmp_path):
     r = json.loads((tmp_path / "j.json").read_text())
     assert 0 < r["pair"]["lockstep_bound"] <= 1
     assert r["alone"]["cnn"]["mean_ms"] > 0 and r["alone"]["matmul"]["mean_ms"] > 0
+
+
+# --------------------------------------------------------------------------- bench_allreduce.py
+
+
+def test_allreduce_benchmark_times_both_methods_and_checks_their_results(tmp_path):
+    out = tmp_path / "allreduce.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_allreduce.py"), "--rounds", "3",
+                           "--numel", "100000", "--json", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads(out.read_text())
+    assert r["numel"] == 100000 and r["rounds"] == 3
+    assert set(r["figures"]) == {"shm cold", "shm warm", "gloo cold", "gloo warm"}
+    for figure in r["figures"].values():
+        assert 0 < figure["median_ms"] <= figure["p90_ms"]
+    assert "gloo / shm" in proc.stdout
+
+
+def test_allreduce_benchmark_sizes_its_tensor_as_the_cnn_gradient():
+    spec = importlib.util.spec_from_file_location("bench_allreduce", REPO / "benchmarks" / "bench_allreduce.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.cnn_gradient_numel() == 1_199_882  # 4.8 MB, the README's figure
