@@ -32,13 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_training as bt  # noqa: E402
 
+sys.path.insert(0, str(bt.REPO / "src"))  # ddpscale, here and in the spawned workers
+
 METHODS = ("shm", "gloo")
 EVICT_BYTES = 64 << 20
 
 
 def cnn_gradient_numel() -> int:
     """Parameters of the default CNN on Fashion-MNIST: its gradient, one DDP bucket."""
-    sys.path.insert(0, str(bt.REPO / "src"))
     from ddpscale.config import CNNConfig, DataConfig
     from ddpscale.models import CNN
 
@@ -50,7 +51,6 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    sys.path.insert(0, str(bt.REPO / "src"))
     from ddpscale.distributed import Placement, Rendezvous, configure_cpu_worker, process_group
     from ddpscale.shm_allreduce import SharedMemoryAllreduce, chunk_bytes_for
 
@@ -85,7 +85,6 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
 def measure(args: argparse.Namespace) -> dict:
     import torch.multiprocessing as mp
 
-    sys.path.insert(0, str(bt.REPO / "src"))
     from ddpscale.distributed import free_port
 
     queue = mp.get_context("spawn").SimpleQueue()
