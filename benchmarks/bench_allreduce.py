@@ -23,7 +23,6 @@ Every result is checked against the exact mean.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -118,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     args.numel = args.numel or cnn_gradient_numel()
-    r = measure(args)
-    report(r)
-    if args.json:
-        args.json.write_text(json.dumps(r, indent=2))
+    bt.report_and_save(measure(args), report, args.json)
     return 0
 
 

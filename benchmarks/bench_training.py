@@ -737,6 +737,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def report_and_save(figures: dict, report, path: Path | None) -> None:
+    """The end of each benchmark script: print the figures, and write them as JSON if asked."""
+    report(figures)
+    if path:
+        path.write_text(json.dumps(figures, indent=2, default=str))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker == "nosync":

@@ -19,7 +19,6 @@ throughput before any gradient is exchanged. This measures that share:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -137,10 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     args.data_root = str(bt.find_raw(args.data_root).parent.parent)
-    r = measure(args)
-    report(r)
-    if args.json:
-        args.json.write_text(json.dumps(r, indent=2))
+    bt.report_and_save(measure(args), report, args.json)
     return 0
 
 
