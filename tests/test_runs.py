@@ -63,16 +63,19 @@ def test_missing_node_fails_after_timeout_naming_the_rendezvous(tmp_path):
 
 
 def test_a_crashing_worker_ends_the_run_marked_failed(tmp_path):
+    temp = tmp_path / "tmp"  # the job's temp directory, to see what the failure leaves there
+    temp.mkdir()
     start = time.monotonic()
     proc = run_train(*QUICK, "model.name=crashing_cnn", "distributed.num_gpus=2", "train.sync_probe_steps=0",
-                     "train.epochs=3", f"hydra.run.dir={tmp_path}", script="tests/crashing_train.py",
-                     env={"CRASH_EPOCH": "2", "CRASH_STEPS_PER_EPOCH": "8"})
+                     "train.epochs=3", f"hydra.run.dir={tmp_path}/run", script="tests/crashing_train.py",
+                     env={"CRASH_EPOCH": "2", "CRASH_STEPS_PER_EPOCH": "8", "TMPDIR": str(temp)})
     assert proc.returncode == 1, output(proc)
     assert time.monotonic() - start < 60
-    run = read_run(tmp_path)
+    run = read_run(tmp_path / "run")
     assert run["status"] == "failed"
     assert "injected failure on rank 1" in run["error"]
-    assert [r["epoch"] for r in read_rows(tmp_path)] == ["1"], "the finished epoch is kept"
+    assert [r["epoch"] for r in read_rows(tmp_path / "run")] == ["1"], "the finished epoch is kept"
+    assert not list(temp.glob("pytorch-errorfile-*")), "torch's traceback pickles are deleted"
 
 
 def test_a_failed_job_does_not_stop_the_sweep(tmp_path):

@@ -182,6 +182,10 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
     finally:
         _stop(context.processes)
         summary_file.unlink(missing_ok=True)
+        # A failed worker pickles its traceback to a temp file that torch reads and never
+        # deletes: without this, every failed run left one in the temp directory.
+        for path in context.error_files:
+            Path(path).unlink(missing_ok=True)
         del store
 
 
