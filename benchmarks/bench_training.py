@@ -470,15 +470,19 @@ def spawn_collect(fn, args: tuple, nprocs: int, queue, count: int) -> list:
     context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
     items: list = []
     done = False
-    while len(items) < count:
-        if not queue.empty():
-            items.append(queue.get())
-        elif done:
-            raise RuntimeError(f"the workers exited having sent {len(items)} of {count} results")
-        else:
-            done = context.join(timeout=0.1)  # raises if a worker failed
-    while not done:
-        done = context.join()
+    try:
+        while len(items) < count:
+            if not queue.empty():
+                items.append(queue.get())
+            elif done:
+                raise RuntimeError(f"the workers exited having sent {len(items)} of {count} results")
+            else:
+                done = context.join(timeout=0.1)  # raises if a worker failed
+        while not done:
+            done = context.join()
+    finally:
+        for path in context.error_files:  # a failed worker's traceback; torch never deletes it
+            Path(path).unlink(missing_ok=True)
     return items
 
 

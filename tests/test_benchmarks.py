@@ -12,6 +12,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -185,9 +186,11 @@ def test_spawn_collect_reads_results_bigger_than_a_pipe_while_the_workers_run():
     assert all(len(payload) == 200_000 for _, payload in items)
 
 
-def test_spawn_collect_raises_when_a_worker_fails_or_sends_too_little():
+def test_spawn_collect_raises_when_a_worker_fails_or_sends_too_little(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where torch puts its error pickles
     assert "worker 1 failed" in str(_collect("fail")["error"])
     assert "sent 1 of 2 results" in str(_collect("silent")["error"])
+    assert not list(tmp_path.glob("pytorch-errorfile-*")), "the failed worker's traceback pickle is deleted"
 
 
 # --------------------------------------------------------------------------- worker modes
