@@ -35,7 +35,6 @@ demo: install data
 	$(PY) train.py -m distributed.num_gpus=1,2 optim.lr=0.02,0.05 data.batch_size=64 \
 		data.train_size=6000 data.val_size=2000 train.epochs=2 hydra.sweep.dir=$(SWEEP)
 	$(PY) -m multirun_analysis $(SWEEP)
-	@echo "report: $(SWEEP)/analysis/report.html"
 
 bench: install data
 	$(PY) benchmarks/bench_training.py
