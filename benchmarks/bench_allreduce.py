@@ -29,9 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_training as bt  # noqa: E402
-
-sys.path.insert(0, str(bt.REPO / "src"))  # ddpscale, here and in the spawned workers
+import bench_training as bt  # noqa: E402  (it puts src/ on sys.path: ddpscale, here and in the workers)
 
 METHODS = ("shm", "gloo")
 EVICT_BYTES = 64 << 20

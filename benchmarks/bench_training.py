@@ -63,6 +63,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
+sys.path.insert(0, str(REPO / "src"))  # ddpscale, here and in the spawned workers
 TEXTBOOK = THIS.parent / "textbook_ddp.py"
 PY = sys.executable
 MEAN, STD = 0.2860, 0.3530  # conf/data/fashion_mnist.yaml
@@ -467,6 +468,8 @@ def spawn_collect(fn, args: tuple, nprocs: int, queue, count: int) -> list:
     worker. A worker that fails ends the others and raises, as mp.spawn does."""
     import torch.multiprocessing as mp
 
+    from ddpscale.launch import end_processes
+
     context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
     items: list = []
     done = False
@@ -481,8 +484,7 @@ def spawn_collect(fn, args: tuple, nprocs: int, queue, count: int) -> list:
         while not done:
             done = context.join()
     finally:
-        for path in context.error_files:  # a failed worker's traceback; torch never deletes it
-            Path(path).unlink(missing_ok=True)
+        end_processes(context)
     return items
 
 
@@ -493,7 +495,6 @@ def nosync_main(args: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(args.procs), ctx.SimpleQueue()
     rows = spawn_collect(nosync_worker, (args, barrier, queue), args.procs, queue, args.procs * 2)
-    sys.path.insert(0, str(REPO / "src"))
     from ddpscale.distributed import cpu_threads
 
     for epoch in (1, 2):
@@ -580,7 +581,6 @@ def interleaved_main(args: argparse.Namespace) -> None:
     import torch
     import torch.multiprocessing as mp
 
-    sys.path.insert(0, str(REPO / "src"))
     from ddpscale.distributed import free_port
 
     ctx = mp.get_context("spawn")
@@ -653,7 +653,6 @@ def _worker_setup(rank: int, args: argparse.Namespace, steps: int):
     import torch
     from torch.utils.data import DistributedSampler
 
-    sys.path.insert(0, str(REPO / "src"))
     from ddpscale.config import CNNConfig, DataConfig, TrainConfig
     from ddpscale.data import MemoryBatches, load_split, normalised
     from ddpscale.distributed import configure_cpu_worker

@@ -180,12 +180,8 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
                 pass
         return torch.load(summary_file) if summary_file.stat().st_size else {}
     finally:
-        _stop(context.processes)
+        end_processes(context)
         summary_file.unlink(missing_ok=True)
-        # A failed worker pickles its traceback to a temp file that torch reads and never
-        # deletes: without this, every failed run left one in the temp directory.
-        for path in context.error_files:
-            Path(path).unlink(missing_ok=True)
         del store
 
 
@@ -199,16 +195,20 @@ def _spawn_entry(local_rank: int, plan: Plan, worker: WorkerFn, summary_file: st
     ddist.exit_finished_worker()
 
 
-def _stop(processes: list) -> None:
-    """Terminate any worker still alive (SIGTERM, then SIGKILL) and reap them all."""
-    for p in processes:
+def end_processes(context: mp.ProcessContext) -> None:
+    """Terminate any process of an mp.start_processes context still alive (SIGTERM, then
+    SIGKILL), reap them all, and delete the traceback files of failed ones: torch has a
+    failed process pickle its traceback to a temp file, reads it and never deletes it."""
+    for p in context.processes:
         if p.is_alive():
             p.terminate()
-    for p in processes:
+    for p in context.processes:
         p.join(timeout=10)
         if p.is_alive():
             p.kill()
             p.join()
+    for path in context.error_files:
+        Path(path).unlink(missing_ok=True)
 
 
 class _signals_raise_interrupted:
