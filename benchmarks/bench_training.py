@@ -37,7 +37,9 @@ headline pair (ddpscale 2 workers, limit) runs twice per repeat, A-B first and B
 and its verdict is the median of the ratios of neighbouring runs, which cancels the
 slow drift of a shared VM's speed that a ratio of two bests does not. The interleaved
 case runs --rounds rounds of --block-steps-step blocks per repeat, and its ratios pool
-every round of every repeat (images/sec over all blocks of a kind). The start-up
+every round of every repeat (images/sec over all blocks of a kind). Beside both
+weak-scaling verdicts the report prints a 90% bootstrap interval (resampling the pairs,
+or the rounds): whether this run's own noise could have turned the verdict. The start-up
 cases run --startup-repeats times and the median is kept. Other load on the
 machine lowers every figure, and the load average is printed before and after.
 """
@@ -49,6 +51,7 @@ import csv
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import statistics
@@ -72,6 +75,7 @@ RAW_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
              "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
 TARGETS = {"vs_textbook": 1.25, "vs_limit": 0.95, "startup_s": 3.0}
 MODES = ("synced", "unsynced", "lockstep")  # the interleaved case's kinds of block
+INTERVAL_LEVEL = 0.9  # of the bootstrap intervals printed beside the weak-scaling ratios
 
 
 @dataclass
@@ -287,8 +291,8 @@ def benchmark(args: argparse.Namespace) -> dict:
     return report
 
 
-def _paired(a: Case, b: Case) -> float:
-    """Median of a's throughput / b's throughput measured next to it, in the same repeat.
+def _pair_ratios(a: Case, b: Case) -> list[float]:
+    """a's throughput / b's throughput measured next to it, in the same repeat.
 
     Cases that ran equally often in a repeat pair up in order (the A-B ... B-A pairs);
     otherwise a's mean in the repeat is compared with b's."""
@@ -299,7 +303,12 @@ def _paired(a: Case, b: Case) -> float:
         if len(xs) != len(ys):
             xs, ys = [statistics.mean(xs)], [statistics.mean(ys)]
         ratios += [x / y for x, y in zip(xs, ys)]
-    return statistics.median(ratios)
+    return ratios
+
+
+def _paired(a: Case, b: Case) -> float:
+    """Median of the paired ratios (`_pair_ratios`)."""
+    return statistics.median(_pair_ratios(a, b))
 
 
 def _pooled(rounds: list[dict], mode: str) -> float:
@@ -309,6 +318,21 @@ def _pooled(rounds: list[dict], mode: str) -> float:
 
 def _quartiles(values: list[float]) -> list[float]:
     return statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+
+
+def _interval(samples: list, statistic, level: float = INTERVAL_LEVEL,
+              resamples: int = 2000) -> tuple[float, float]:
+    """Bootstrap percentile interval of statistic(samples): the range the figure would
+    take if this run were repeated on a machine as uneven as it was during the run.
+    Seeded, so the same figures always give the same interval."""
+    rng = random.Random(0)
+    values = sorted(statistic(rng.choices(samples, k=len(samples))) for _ in range(resamples))
+    tail = round((1 - level) / 2 * resamples)
+    return values[tail], values[resamples - 1 - tail]
+
+
+def _synced_vs_unsynced(rounds: list[dict]) -> float:
+    return _pooled(rounds, "synced") / _pooled(rounds, "unsynced")
 
 
 def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
@@ -324,7 +348,9 @@ def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
         f["ddpscale_vs_textbook_ws1"] = best["ddp1"] / best["tb1"]
     # Ratios of the two cases measured in the same repeat, a few seconds apart: slow drift
     # of the machine's speed cancels out, which the ratio of two bests does not do.
-    f["ddpscale_ws2_vs_limit_paired"] = _paired(cases["ddp2"], cases["limit2"])
+    pairs = _pair_ratios(cases["ddp2"], cases["limit2"])
+    f["ddpscale_ws2_vs_limit_paired"] = statistics.median(pairs)
+    f["ddpscale_ws2_vs_limit_paired_interval"] = _interval(pairs, statistics.median)
     f["textbook_1thread_ws2_vs_limit_paired"] = _paired(cases["tb2_1t"], cases["limit2"])
     f["ddpscale_gloo_ws2_vs_limit_paired"] = _paired(cases["ddp2_gloo"], cases["limit2"])
     # The same comparison inside one pair of processes, pooled over every round.
@@ -332,7 +358,8 @@ def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
     pooled = {m: _pooled(rounds, m) for m in MODES}
     f["interleaved_rounds"] = len(rounds)
     f["interleaved_images_per_sec"] = pooled
-    f["interleaved_synced_vs_unsynced"] = pooled["synced"] / pooled["unsynced"]
+    f["interleaved_synced_vs_unsynced"] = _synced_vs_unsynced(rounds)
+    f["interleaved_synced_vs_unsynced_interval"] = _interval(rounds, _synced_vs_unsynced)
     f["interleaved_lockstep_vs_unsynced"] = pooled["lockstep"] / pooled["unsynced"]
     f["interleaved_synced_vs_lockstep"] = pooled["synced"] / pooled["lockstep"]
     f["interleaved_synced_vs_unsynced_rounds"] = _quartiles([r["synced"] / r["unsynced"] for r in rounds])
@@ -419,7 +446,8 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
     print(f"  ddpscale's threads per worker at 2 workers: "
           f"{cases['limit2'].extra.get('ddpscale_threads_at_2_workers')} (distributed.cpu_threads)")
     print(f"  ddpscale 2 workers / limit        : {f['ddpscale_ws2_vs_limit']:.3f}   (target >= {TARGETS['vs_limit']})")
-    print(f"  same, median of paired repeats    : {f['ddpscale_ws2_vs_limit_paired']:.3f}")
+    print(f"  same, median of paired repeats    : {f['ddpscale_ws2_vs_limit_paired']:.3f}"
+          f"   ({_interval_text(f['ddpscale_ws2_vs_limit_paired_interval'])})")
     print(f"  same with gloo's all-reduce, paired: {f['ddpscale_gloo_ws2_vs_limit_paired']:.3f}"
           "   (distributed.comm_hook=none instead of shared memory)")
     il, q = f["interleaved_images_per_sec"], f["interleaved_synced_vs_unsynced_rounds"]
@@ -428,6 +456,7 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
           f"unsynced {il['unsynced']:.0f}, lock-step {il['lockstep']:.0f}")
     print(f"  synced / unsynced (the limit)     : {f['interleaved_synced_vs_unsynced']:.3f}"
           f"   (target >= {TARGETS['vs_limit']}; rounds' quartiles {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f})")
+    print(f"  {'':<34}   ({_interval_text(f['interleaved_synced_vs_unsynced_interval'])})")
     print(f"  lock-step / unsynced              : {f['interleaved_lockstep_vs_unsynced']:.3f}"
           "   (what waiting for the slower worker each step costs here)")
     print(f"  synced / lock-step                : {f['interleaved_synced_vs_lockstep']:.3f}"
@@ -454,6 +483,15 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
         print(f"  {c.label}: {' '.join(c.command)}")
     for key, cmd in report["startup_commands"].items():
         print(f"  start-up {key}: {cmd}")
+
+
+def _interval_text(interval: tuple[float, float]) -> str:
+    """A bootstrap interval, and whether it settles the 0.95 verdict."""
+    low, high = interval
+    target = TARGETS["vs_limit"]
+    verdict = ("this run cannot tell met from missed" if low < target <= high
+               else "met beyond this run's noise" if low >= target else "missed beyond this run's noise")
+    return f"{INTERVAL_LEVEL:.0%} bootstrap interval {low:.3f}-{high:.3f}: {verdict}"
 
 
 # --------------------------------------------------------------------------- worker modes

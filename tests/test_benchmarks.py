@@ -82,6 +82,38 @@ def test_pooled_is_the_rate_over_all_blocks():
     assert bench._pooled([{"synced": 100.0}, {"synced": 300.0}], "synced") == pytest.approx(150.0)
 
 
+def test_interval_of_identical_samples_is_that_value():
+    assert bench._interval([0.94] * 6, statistics.median) == (pytest.approx(0.94), pytest.approx(0.94))
+
+
+def test_interval_brackets_the_figure_within_the_samples_and_repeats_itself():
+    ratios = [0.89, 0.91, 0.93, 0.94, 0.96, 0.99]
+    low, high = bench._interval(ratios, statistics.median)
+    assert min(ratios) <= low < statistics.median(ratios) < high <= max(ratios)
+    assert bench._interval(ratios, statistics.median) == (low, high)  # seeded
+
+
+def test_interval_narrows_as_samples_agree():
+    wide = bench._interval([0.85, 0.90, 0.95, 1.00, 1.05] * 4, statistics.mean)
+    narrow = bench._interval([0.94, 0.945, 0.95, 0.955, 0.96] * 4, statistics.mean)
+    assert narrow[1] - narrow[0] < (wide[1] - wide[0]) / 5
+
+
+def test_interval_covers_ninety_percent_of_resamples():
+    # the mean of 400 draws from {0.90, 1.00}: standard error 0.05 / 20, so the 90% interval
+    # is 0.95 +- 1.645 x 0.0025
+    low, high = bench._interval([0.90, 1.00] * 200, statistics.mean)
+    assert (high - low) / 2 == pytest.approx(1.645 * 0.0025, rel=0.2)
+    assert (low + high) / 2 == pytest.approx(0.95, abs=0.001)
+
+
+@pytest.mark.parametrize("interval, verdict", [((0.93, 0.96), "cannot tell met from missed"),
+                                               ((0.95, 0.97), "met beyond"),
+                                               ((0.91, 0.949), "missed beyond")])
+def test_interval_text_says_whether_the_interval_settles_the_target(interval, verdict):
+    assert verdict in bench._interval_text(interval)
+
+
 def _full_cases(ddp2: float, limit2: float) -> dict:
     cases = {}
     for key, rate in [("ddp2", ddp2), ("limit2", limit2), ("il2", 1500), ("ddp2_gloo", 1400),
@@ -108,6 +140,9 @@ def test_summary_judges_the_targets_from_the_figures(ddp2, met):
     assert f["interleaved_synced_vs_unsynced"] == pytest.approx(
         bench._pooled([{"s": 1500.0}, {"s": 1560.0}], "s") / bench._pooled([{"s": 1600.0}, {"s": 1620.0}], "s"))
     assert f["limit_lockstep_bound"] == pytest.approx(0.965)
+    for key in ("ddpscale_ws2_vs_limit_paired", "interleaved_synced_vs_unsynced"):
+        low, high = f[key + "_interval"]
+        assert low <= f[key] <= high
     assert f["startup_overhead_s"] == {"ddp1": pytest.approx(2.0), "ddp2": pytest.approx(2.5)}
     assert f["targets"]["start-up <= bare + 3 s (1 worker)"] is True
 
@@ -124,6 +159,7 @@ def test_report_prints_every_comparison(capsys):
                     "targets: "):
         assert heading in out
     assert "ratio ddpscale / textbook, 2 workers: 1.95x" in out  # 1560 / 800
+    assert out.count("bootstrap interval") == 2  # beside both weak-scaling verdicts
 
 
 # --------------------------------------------------------------------------- Meeting
