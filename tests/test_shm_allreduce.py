@@ -92,6 +92,31 @@ def test_a_missing_peer_times_out_naming_it(tmp_path):
     assert 1.5 <= result["seconds"] < 10
 
 
+def _slow_peer(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    placement = Placement(rank, rank, 2, 2, 0)
+    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30)):
+        shm = SharedMemoryAllreduce(rank, 2, timeout_s=30)
+        dist.barrier()
+        if rank == 1:
+            time.sleep(0.3)  # rank 0 arrives first and waits for this one
+        shm.average_(torch.ones(10))
+        waited = [None, None]
+        dist.all_gather_object(waited, shm.waited_s)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(waited, f)
+
+
+def test_waiting_for_a_slower_rank_is_counted_on_the_rank_that_waits(tmp_path):
+    out = tmp_path / "waited.json"
+    store = host_store("127.0.0.1", None, 2, 30)
+    spawn(_slow_peer, (store.port, str(out)), 2)
+    first, late = json.loads(out.read_text())
+    assert first >= 0.25 and late < 0.1
+
+
 @pytest.mark.parametrize("name,device,world,nodes,expected", [
     ("auto", "cpu", 2, 1, "shm"),
     ("auto", "cpu", 1, 1, "none"),  # nothing to reduce

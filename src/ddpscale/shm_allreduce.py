@@ -56,6 +56,7 @@ class SharedMemoryAllreduce:
             raise ValueError(f"a shared-memory all-reduce needs 2 or more ranks, not {world_size}")
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.seq = 0
+        self.waited_s = 0.0  # time spent waiting for slower ranks (benchmarks/step_phases.py)
         flag_bytes = FLAG_STRIDE * world_size
         path = _create_segment(flag_bytes, 2 * world_size * chunk_bytes) if rank == 0 else None
         shared = [path]
@@ -113,6 +114,7 @@ class SharedMemoryAllreduce:
                     )
                 if waited > 0.01:  # a long wait (a slow peer): stop burning this core
                     time.sleep(0.0005)
+        self.waited_s += time.perf_counter() - start
 
 
 def chunk_bytes_for(gradient_bytes: int) -> int:
