@@ -39,6 +39,7 @@ demo: install data
 bench: install data
 	$(PY) benchmarks/bench_training.py
 	$(PY) benchmarks/step_jitter.py
+	$(PY) benchmarks/step_phases.py
 	$(PY) benchmarks/bench_allreduce.py
 	$(PY) benchmarks/bench_analysis.py
 

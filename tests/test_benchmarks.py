@@ -311,6 +311,44 @@ def test_step_jitter_runs_and_reports(fmnist_root, tmp_path):
     assert r["alone"]["cnn"]["mean_ms"] > 0 and r["alone"]["matmul"]["mean_ms"] > 0
 
 
+# --------------------------------------------------------------------------- step_phases.py
+
+_pspec = importlib.util.spec_from_file_location("step_phases", REPO / "benchmarks" / "step_phases.py")
+phases = importlib.util.module_from_spec(_pspec)
+_pspec.loader.exec_module(phases)
+
+
+def test_step_phases_splits_the_loss_into_waiting_phase_and_exchange():
+    steps = [("unsynced", 0.100, 0.0), ("unsynced", 0.100, 0.0),
+             ("lockstep", 0.106, 0.004), ("lockstep", 0.104, 0.002),  # work 102, wait 3
+             ("staggered", 0.101, 0.002),  # work 99
+             ("synced", 0.1045, 0.002)]  # work 102.5
+    r = phases.summarise(steps)
+    assert r["kinds"]["lockstep"] == {"steps": 2, "step_ms": pytest.approx(105.0),
+                                      "wait_ms": pytest.approx(3.0), "work_ms": pytest.approx(102.0)}
+    c = r["costs"]
+    assert c["waiting"] == pytest.approx(0.03)
+    assert c["in_phase"] == pytest.approx(0.02)
+    assert c["staggered"] == pytest.approx(-0.01)
+    assert c["exchange_ms"] == pytest.approx(0.5) and c["exchange"] == pytest.approx(0.005)
+    assert c["synced_keeps"] == pytest.approx(100 / 104.5)
+
+
+@pytest.mark.slow
+def test_step_phases_runs_every_kind_of_block_and_reports(fmnist_root, tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "step_phases.py"), "--rounds", "2",
+                           "--block-steps", "2", "--batch-size", "32", "--data-root", str(fmnist_root),
+                           "--json", str(tmp_path / "p.json")],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = json.loads((tmp_path / "p.json").read_text())
+    for kind in phases.KINDS:  # 2 rounds x 1 counted step x 2 processes
+        k = r["kinds"][kind]
+        assert k["steps"] == 4 and 0 <= k["wait_ms"] < k["step_ms"]
+    assert r["kinds"]["unsynced"]["wait_ms"] == 0  # no meeting, no all-reduce
+    assert "running in phase with the other" in proc.stdout and "a synced step keeps" in proc.stdout
+
+
 # --------------------------------------------------------------------------- bench_allreduce.py
 
 
