@@ -64,10 +64,13 @@ def test_results_carry_step_times_warmup_and_sync_share(tmp_path):
         assert float(r["eval_time_s"]) > 0
 
 
-def test_accumulating_two_half_batches_matches_one_full_batch(tmp_path):
-    """no_sync accumulation: same data, same order, same gradients (dropout off)."""
+@pytest.mark.parametrize("train_size", [512, 480])
+def test_accumulating_two_half_batches_matches_one_full_batch(tmp_path, train_size):
+    """no_sync accumulation: same data, same order, same gradients (dropout off). At 480
+    images each rank has 15 half batches: the last optimizer step has one micro-batch of
+    16, as the full-batch run's last batch has 16 images, and must weigh it as a whole step."""
     common = [*QUICK, "distributed.num_gpus=2", "model.dropout=0", "train.epochs=1",
-              "train.sync_probe_steps=0"]
+              "train.sync_probe_steps=0", f"data.train_size={train_size}"]
     full = run_train(*common, "data.batch_size=32", f"hydra.run.dir={tmp_path}/full")
     accum = run_train(*common, "data.batch_size=16", "train.grad_accum_steps=2",
                       f"hydra.run.dir={tmp_path}/accum")

@@ -116,8 +116,10 @@ class Trainer:
             x, y = self._to_device(x, y)
             if first_batch is None:
                 first_batch = (x, y)
-            boundary = (step + 1) % self.grad_accum_steps == 0 or step + 1 == n_batches
-            logits, loss = self._forward_backward(x, y, sync=boundary)
+            group_start = step - step % self.grad_accum_steps
+            group = min(self.grad_accum_steps, n_batches - group_start)  # the epoch's last may be short
+            boundary = step + 1 == group_start + group
+            logits, loss = self._forward_backward(x, y, sync=boundary, micro_batches=group)
             if boundary:
                 self._optimizer_step()
             with torch.no_grad():
@@ -164,14 +166,15 @@ class Trainer:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y.to(self.ctx.device, non_blocking=True)
 
-    def _forward_backward(self, x, y, sync: bool):
+    def _forward_backward(self, x, y, sync: bool, micro_batches: int = 1):
         # no_sync on accumulation steps: gradients pile up locally and the all-reduce runs
-        # once, on the boundary step, over the accumulated sum.
+        # once, on the boundary step, over the accumulated sum; each of the step's
+        # `micro_batches` adds its share of the mean.
         with (nullcontext() if sync else self.model.no_sync()):
             with self.precision.autocast(self.ctx.device.type):
                 logits = self.model(x)
                 loss = self.loss_fn(logits, y)
-            scaled = loss / self.grad_accum_steps
+            scaled = loss / micro_batches
             if self.precision.scaler is not None:
                 scaled = self.precision.scaler.scale(scaled)
             scaled.backward()
