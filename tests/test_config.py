@@ -152,6 +152,13 @@ def test_missing_data_says_where_it_looked_and_how_to_fix(tmp_path):
     assert "data.download=true" in text and "data=synthetic" in text
 
 
+def test_a_home_relative_data_root_means_the_home_directory(tmp_path):
+    proc = run_train("data.root='~/nothing'", "data.download=false", f"hydra.run.dir={tmp_path}/run",
+                     env={"HOME": str(tmp_path)}, timeout=60)
+    assert proc.returncode != 0
+    assert f"{tmp_path}/nothing/FashionMNIST/raw" in output(proc)  # not <cwd>/~/nothing
+
+
 def test_cfg_job_shows_the_composed_config():
     proc = run_train("--cfg", "job", "optim.lr=0.05", timeout=60)
     assert proc.returncode == 0, output(proc)

@@ -134,7 +134,7 @@ def _world(cfg: Config) -> int:
 def _typed_config(raw_cfg: Any, launcher: str, placement: ddist.Placement | None) -> Config:
     """Typed config with absolute data.root; under torchrun/SLURM the world comes from them."""
     cfg = to_config(raw_cfg)
-    cfg.data.root = str(Path(_original_path(cfg.data.root)).expanduser())
+    cfg.data.root = _original_path(os.path.expanduser(cfg.data.root))  # ~ first: then it is absolute
     if placement is not None:
         d = cfg.distributed
         launched = (placement.local_world_size, placement.num_nodes, placement.node_id)
