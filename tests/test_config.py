@@ -131,6 +131,8 @@ def test_bad_values_name_the_key(overrides, error):
     (["distributed.num_nodes=2", "distributed.node_id=1"], "distributed.master_addr"),
     (["distributed.backend=nccl", "distributed.device=cpu"], "distributed.backend=nccl needs CUDA"),
     (["distributed.device=cuda"], "CUDA devices are visible"),
+    (["distributed.num_gpus=2", "data.batch_size=512", "data.drop_last=true"],
+     "data.batch_size=512 is more than each of the 2 worker(s) gets (256 of 512"),
     (["distributed.comm_hook=shm", "distributed.num_nodes=2", "distributed.master_addr=127.0.0.1",
       "distributed.master_port=29999"], "distributed.comm_hook=shm needs CPU workers on one node"),
 ])
@@ -150,6 +152,16 @@ def test_missing_data_says_where_it_looked_and_how_to_fix(tmp_path):
     text = output(proc)
     assert f"{tmp_path}/nothing/FashionMNIST/raw" in text
     assert "data.download=true" in text and "data=synthetic" in text
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["data.num_classes=5"], "data=fashion_mnist has 10 classes but data.num_classes=5"),
+    (["data.image_size=32"], "data=fashion_mnist has 1x28x28 images but the config says"),
+])
+def test_data_that_does_not_fit_the_config_fails_before_any_worker(tmp_path, fmnist_root, overrides, message):
+    proc = run_train(f"data.root={fmnist_root}", *overrides, f"hydra.run.dir={tmp_path}", timeout=60)
+    assert proc.returncode == 2, output(proc)  # a config error, not a worker's failure
+    assert message in output(proc) and "starting" not in output(proc)
 
 
 def test_a_home_relative_data_root_means_the_home_directory(tmp_path):

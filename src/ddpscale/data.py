@@ -36,6 +36,7 @@ _IDX_DATASETS = {
 }
 _SPLIT_FILES = {True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                 False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+_SYNTHETIC_DEFAULT_SIZE = {True: 8192, False: 2048}  # examples when train/val_size is null
 
 
 @dataclass
@@ -56,15 +57,49 @@ class Split:
 # --------------------------------------------------------------------------- sources
 
 
-def prepare(cfg: DataConfig) -> None:
-    """Make sure the data is on disk before any worker starts (download once, here)."""
+def prepare(cfg: DataConfig, world_size: int) -> None:
+    """Make sure the data is on disk (download once, here) and fits the config, before
+    any worker starts: a mismatch then fails with the key's name, not inside a worker."""
     if cfg.name == "synthetic":
-        return
-    folder = _raw_folder(cfg)
-    if _missing_files(folder):
-        if not cfg.download:
-            raise ConfigError(_missing_message(cfg, folder, "data.download=false"))
-        _download(cfg, folder)
+        train_count = cfg.train_size or _SYNTHETIC_DEFAULT_SIZE[True]
+    else:
+        folder = _raw_folder(cfg)
+        if _missing_files(folder):
+            if not cfg.download:
+                raise ConfigError(_missing_message(cfg, folder, "data.download=false"))
+            _download(cfg, folder)
+        train_count = _check_idx(cfg, folder)
+    _check_batches(cfg, world_size, train_count)
+
+
+def _check_idx(cfg: DataConfig, folder: Path) -> int:
+    """Check the files' image shape and labels against the config; the training examples used."""
+    images, labels = (_find(folder, stem) for stem in _SPLIT_FILES[True])
+    shape = _idx_shape(images)
+    if shape[1:] != (cfg.image_size, cfg.image_size) or cfg.channels != 1:
+        raise ConfigError(
+            f"data={cfg.name} has 1x{shape[1]}x{shape[2]} images but the config "
+            f"says data.channels={cfg.channels}, data.image_size={cfg.image_size}; "
+            "leave those keys at the data option's values"
+        )
+    classes = int(_read_idx(labels).max()) + 1
+    if classes > cfg.num_classes:
+        raise ConfigError(
+            f"data={cfg.name} has {classes} classes but data.num_classes={cfg.num_classes}; "
+            "leave data.num_classes at the data option's value"
+        )
+    return min(shape[0], cfg.train_size or shape[0])
+
+
+def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
+    per_worker = train_count // world_size
+    if cfg.drop_last and per_worker < cfg.batch_size:
+        raise ConfigError(
+            f"data.batch_size={cfg.batch_size} is more than each of the {world_size} worker(s) gets "
+            f"({per_worker} of {train_count} training examples), and data.drop_last=true drops "
+            "that partial batch, so an epoch would train no step; lower data.batch_size, "
+            "raise data.train_size or set data.drop_last=false"
+        )
 
 
 def load_split(cfg: DataConfig, train: bool) -> Split:
@@ -119,6 +154,14 @@ def _download(cfg: DataConfig, folder: Path) -> None:
         raise ConfigError(_missing_message(cfg, folder, f"the download failed ({err})")) from err
 
 
+def _idx_shape(path: Path) -> tuple[int, ...]:
+    """The shape in an IDX file's header, without reading the rest."""
+    with (gzip.open(path) if path.suffix == ".gz" else path.open("rb")) as f:
+        ndim = f.read(4)[3]
+        header = f.read(4 * ndim)
+    return tuple(int.from_bytes(header[4 * i: 4 * i + 4], "big") for i in range(ndim))
+
+
 def _read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (the MNIST format), gzipped or not."""
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
@@ -132,19 +175,13 @@ def _idx_split(cfg: DataConfig, train: bool) -> Split:
     paths = [_find(folder, stem) for stem in _SPLIT_FILES[train]]
     if None in paths:
         raise ConfigError(_missing_message(cfg, folder, "it was not prepared"))
-    images, labels = (_read_idx(p) for p in paths)
-    if images.shape[1:] != (cfg.image_size, cfg.image_size) or cfg.channels != 1:
-        raise ConfigError(
-            f"data={cfg.name} has 1x{images.shape[1]}x{images.shape[2]} images but the config "
-            f"says data.channels={cfg.channels}, data.image_size={cfg.image_size}; "
-            "leave those keys at the data option's values"
-        )
+    images, labels = (_read_idx(p) for p in paths)  # checked by prepare
     return Split(torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.astype(np.int64)))
 
 
 def _synthetic(cfg: DataConfig, train: bool) -> Split:
     """Class prototypes (smooth random patterns) plus Gaussian noise, the same on every rank."""
-    n = (cfg.train_size if train else cfg.val_size) or (8192 if train else 2048)
+    n = (cfg.train_size if train else cfg.val_size) or _SYNTHETIC_DEFAULT_SIZE[train]
     g = torch.Generator().manual_seed(cfg.seed)
     coarse = torch.randn(cfg.num_classes, cfg.channels, 7, 7, generator=g)
     prototypes = torch.nn.functional.interpolate(

@@ -85,7 +85,7 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
         if record:
             record.update(grad_allreduce=comm_hook)
         if launcher == ddist.SPAWN:
-            data_lib.prepare(cfg.data)
+            data_lib.prepare(cfg.data, _world(cfg))
             summary = _spawn(cfg, worker, out_dir, device, backend)
         else:
             summary = _in_place(cfg, worker, out_dir, device, backend, launcher, placement)
@@ -267,7 +267,7 @@ def _agree_on_output_dir(out_dir: Path, placement: ddist.Placement) -> Path:
 def _prepare_data_once(cfg: Config, placement: ddist.Placement) -> None:
     """Under torchrun/SLURM: local rank 0 of each node downloads, the others wait."""
     if placement.local_rank == 0:
-        data_lib.prepare(cfg.data)  # an error here ends this rank, and the launcher the rest
+        data_lib.prepare(cfg.data, placement.world_size)  # an error here ends this rank, and the launcher the rest
     dist.barrier()
 
 
