@@ -13,11 +13,36 @@ from pathlib import Path
 import pytest
 
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train
-from ddpscale.distributed import free_port
+from ddpscale.distributed import cpu_threads, detect_launcher, free_port, slurm_task_cpus
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 SAME_RUN = [*QUICK, "train.seed=7"]
+
+
+SRUN_TASK = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLURM_STEP_ID": "0"}
+
+
+@pytest.mark.parametrize("env,launcher", [
+    ({}, "spawn"),
+    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}, "torchrun"),
+    (SRUN_TASK, "slurm"),
+    ({**SRUN_TASK, "SLURM_NTASKS": "1"}, "spawn"),  # one task starts its workers itself
+    # the batch script: sbatch runs it once, as PROCID 0 of all the job's tasks
+    ({k: v for k, v in SRUN_TASK.items() if k != "SLURM_STEP_ID"}, "spawn"),
+    ({"SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_NTASKS": "2"}, "slurm"),
+])
+def test_the_launcher_is_read_from_the_environment(env, launcher):
+    assert detect_launcher(env) == launcher
+
+
+def test_a_slurm_task_bound_to_its_own_cores_keeps_them_all():
+    cores = len(os.sched_getaffinity(0))
+    assert cpu_threads(2, task_cpus=cores) == cores  # bound: these cores are the task's own
+    assert cpu_threads(2) == max(1, cores // 2)  # one mask for the node's workers: share it
+    if cores > 1:
+        assert cpu_threads(2, task_cpus=cores - 1) == cores // 2  # not bound: share
+    assert slurm_task_cpus({"SLURM_CPUS_PER_TASK": "8"}) == 8 and slurm_task_cpus({}) is None
 
 
 def run_dirs(root: Path) -> list[Path]:

@@ -92,11 +92,14 @@ def detect_launcher(env: Mapping[str, str] = os.environ) -> str:
     """spawn, torchrun or slurm, from the environment this process started in.
 
     SLURM (srun, or submitit's local executor, which mimics it) counts only when the job
-    has several tasks; one task runs spawn mode, which starts the workers itself.
+    has several tasks and this process is one of them, started by srun (a job step); one
+    task, or the batch script itself (which sbatch runs once, as SLURM_PROCID 0 of all
+    the job's tasks), runs spawn mode, which starts the workers itself.
     """
     if "TORCHELASTIC_RUN_ID" in env or {"RANK", "LOCAL_RANK", "WORLD_SIZE"} <= env.keys():
         return TORCHRUN
-    if int(_slurm_var(env, "NTASKS") or 1) > 1 and _slurm_var(env, "PROCID") is not None:
+    in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env or "SUBMITIT_LOCAL_GLOBALID" in env
+    if in_step and int(_slurm_var(env, "NTASKS") or 1) > 1 and _slurm_var(env, "PROCID") is not None:
         return SLURM
     return SPAWN
 
@@ -240,21 +243,35 @@ def keep_freed_memory() -> bool:
     return bool(mmap_ok and mallopt(m_trim_threshold, limit))
 
 
-def configure_cpu_worker(local_world_size: int, threads: int | None, malloc_cache: bool) -> int:
+def configure_cpu_worker(local_world_size: int, threads: int | None, malloc_cache: bool,
+                         task_cpus: int | None = None) -> int:
     """Threads and allocator of a CPU worker process; returns its thread count."""
-    count = cpu_threads(local_world_size, threads)
+    count = cpu_threads(local_world_size, threads, task_cpus)
     torch.set_num_threads(count)
     if malloc_cache:
         keep_freed_memory()
     return count
 
 
-def cpu_threads(local_world_size: int, requested: int | None = None) -> int:
-    """This worker's share of the cores it may run on (never oversubscribes)."""
+def cpu_threads(local_world_size: int, requested: int | None = None, task_cpus: int | None = None) -> int:
+    """This worker's share of the cores it may run on (never oversubscribes).
+
+    task_cpus: the CPUs SLURM gave this worker's own task (SLURM_CPUS_PER_TASK). Where
+    SLURM binds each task to its cores, the cores this process may run on are already its
+    own share, not the node's, and are not divided again.
+    """
     if requested:
         return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // local_world_size)
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) or 1
+    if task_cpus and cores <= task_cpus:
+        return cores
+    return max(1, cores // local_world_size)
+
+
+def slurm_task_cpus(env: Mapping[str, str] = os.environ) -> int | None:
+    """SLURM_CPUS_PER_TASK as a number, when SLURM set it."""
+    value = env.get("SLURM_CPUS_PER_TASK", "")
+    return int(value) if value.isdigit() else None
 
 
 def device_names(device: torch.device) -> list[str]:

@@ -247,8 +247,9 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
         device = torch.device("cuda", placement.local_rank)
     else:
         device = torch.device("cpu")
+        task_cpus = ddist.slurm_task_cpus() if plan.launcher == ddist.SLURM else None
         ddist.configure_cpu_worker(placement.local_world_size, plan.cfg.train.threads,
-                                   plan.cfg.train.malloc_cache)
+                                   plan.cfg.train.malloc_cache, task_cpus)
     ctx = ddist.WorkerContext(placement, device, plan.backend, plan.launcher)
     with ddist.process_group(placement, plan.backend, plan.rendezvous, hosts_store=hosts_store):
         out_dir = _agree_on_output_dir(Path(plan.out_dir), placement)
