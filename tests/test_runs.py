@@ -62,6 +62,16 @@ def test_missing_node_fails_after_timeout_naming_the_rendezvous(tmp_path):
     assert f"127.0.0.1:{port}" in run["error"] and "master_addr" in run["error"]
 
 
+def test_a_sweep_on_a_node_other_than_0_reports_its_failed_jobs(tmp_path):
+    """Node 1 writes no run.json (rank 0's node does): its jobs count by what they returned."""
+    proc = run_train(*QUICK, "distributed.num_gpus=1", "distributed.num_nodes=2", "distributed.node_id=1",
+                     "distributed.master_addr=127.0.0.1", f"distributed.master_port={free_port()}",
+                     "distributed.timeout_s=5", f"hydra.sweep.dir={tmp_path}", "-m")
+    assert proc.returncode == 1, output(proc)
+    assert "1 of 1 run(s) did not complete" in output(proc)
+    assert not list(tmp_path.rglob("run.json"))
+
+
 def test_a_crashing_worker_ends_the_run_marked_failed(tmp_path):
     temp = tmp_path / "tmp"  # the job's temp directory, to see what the failure leaves there
     temp.mkdir()

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -63,11 +64,31 @@ def sweep_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
 
 
 class SweepSummary(Callback):
-    """At the end of a multirun: list the jobs that did not complete; exit 1 if any."""
+    """At the end of a multirun: list the jobs that did not complete; exit 1 if any.
+
+    Runs are counted from their run.json, which only the process holding global rank 0
+    writes; a job of this process that left none (on a node other than 0 of a
+    multi-node run) is counted from what it returned.
+    """
+
+    def __init__(self) -> None:
+        self.unrecorded: list[dict[str, Any]] = []
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        out_dir = Path(job_return.hydra_cfg.hydra.runtime.output_dir)
+        if (out_dir / "run.json").exists():
+            return
+        if job_return.status == JobStatus.COMPLETED:
+            outcome = job_return.return_value  # launch.Outcome
+            status, error = getattr(outcome, "status", "completed"), getattr(outcome, "error", None)
+        else:
+            status, error = "failed", str(job_return._return_value)  # the exception it raised
+        self.unrecorded.append({"dir": str(out_dir), "status": status, "error": error,
+                                "overrides": list(job_return.overrides or [])})
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows = sweep_statuses(sweep_dir)
+        rows = sweep_statuses(sweep_dir) + self.unrecorded
         bad = [r for r in rows if r["status"] != "completed"]
         log.info("sweep %s: %d run(s), %d completed", sweep_dir, len(rows), len(rows) - len(bad))
         for r in bad:
