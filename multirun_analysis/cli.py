@@ -59,14 +59,20 @@ def main(argv=None) -> int:
         return EXIT_BAD_ARGUMENT
     # pandas and matplotlib load only once there is something to analyse, so that
     # mistakes in the arguments are answered at once.
-    for sweep in args.sweep_dirs:
-        if not find_run_dirs(sweep):
-            print(
-                f"multirun_analysis: error: no runs found under {sweep} "
-                "(a run is a directory holding results.csv or run.json)",
-                file=sys.stderr,
-            )
-            return EXIT_NO_RUNS
+    empty = [sweep for sweep in args.sweep_dirs if not find_run_dirs(sweep)]
+    if len(empty) == len(args.sweep_dirs):
+        print(
+            f"multirun_analysis: error: no runs found under {', '.join(map(str, empty))} "
+            "(a run is a directory holding results.csv or run.json)",
+            file=sys.stderr,
+        )
+        return EXIT_NO_RUNS
+    for sweep in empty:
+        print(
+            f"multirun_analysis: warning: no runs found under {sweep}; "
+            "analysing the other directories",
+            file=sys.stderr,
+        )
     from .report import write_report
     from .sweep import analyse
 

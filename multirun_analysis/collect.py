@@ -4,6 +4,11 @@ Files are read with the csv and json modules and turned into one DataFrame per d
 header, which is much faster than one `pd.read_csv` per run on a sweep of thousands of
 runs. Nothing here judges a run; it records what the files say and every problem found
 reading them (runs.py decides which runs count).
+
+Settings come from results.csv's setting columns, and from run.json's resolved config
+for anything those columns do not carry: a config key whose value differs between runs
+of the same settings (a sweep over distributed.bucket_cap_mb) becomes a setting column
+named by its dotted key, so such runs are never taken for repeats of each other.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import pandas as pd
 
 from .discover import find_run_dirs
 from .schema import (
+    CONFIG_KEY_COLUMNS,
+    CONFIG_KEYS_IGNORED,
     EXTRA_NUMERIC,
     METRICS,
     MISSING_VALUES,
@@ -28,6 +35,8 @@ from .schema import (
     REQUIRED,
     RESULTS_CSV,
     RUN_JSON,
+    WORLD,
+    config_keys,
     settings_in,
 )
 
@@ -40,7 +49,10 @@ INTEGER_COLUMNS = (
     "seed",
     "epochs",
     "epoch",
+    "grad_accum_steps",
 )
+# Optional setting columns read as numbers; a bad value there becomes NaN, as in EXTRA_NUMERIC.
+NUMERIC_EXTRA_SETTINGS = ("grad_accum_steps",)
 _BOOLEANS = {"True": True, "False": False, "true": True, "false": False}
 META_COLUMNS = (
     "run_id",
@@ -68,10 +80,11 @@ class Collected:
 def collect(sweep_dirs) -> Collected:
     """Read every run below `sweep_dirs` into an epochs table and a runs table."""
     run_dirs = _unique(d for sweep in sweep_dirs for d in find_run_dirs(sweep))
-    metas, problems = [], defaultdict(list)
+    metas, configs, problems = [], [], defaultdict(list)
     blocks = defaultdict(lambda: ([], []))  # header -> (run ids, rows)
     for run_id, directory in enumerate(run_dirs):
-        meta, json_problems = _read_run_json(directory)
+        meta, config, json_problems = _read_run_json(directory)
+        configs.append(config)
         header, rows, csv_problems, has_results = _read_results(directory)
         problems[run_id].extend(json_problems + csv_problems)
         if rows:
@@ -83,14 +96,14 @@ def collect(sweep_dirs) -> Collected:
     numbers = {
         column: _numbers(raw[column])
         for column in raw.columns
-        if column in NUMERIC_SETTINGS or column in METRICS or column in EXTRA_NUMERIC
+        if column in (*NUMERIC_SETTINGS, *METRICS, *EXTRA_NUMERIC, *NUMERIC_EXTRA_SETTINGS)
     }
     for run_id, message in _value_problems(raw, numbers).items():
         problems[run_id].append(message)
     epochs = _typed(raw, numbers).sort_values(["run_id", "epoch"], kind="stable", ignore_index=True)
     for run_id, message in _consistency_problems(epochs).items():
         problems[run_id].append(message)
-    runs = _runs_table(metas, epochs, problems)
+    runs = _runs_table(metas, epochs, problems).pipe(_with_config_settings, configs)
     return Collected(epochs=epochs, runs=runs)
 
 
@@ -108,21 +121,22 @@ def _natural(path: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
-def _read_run_json(directory: str) -> tuple[dict, list[str]]:
-    """run.json as a flat dict (status 'unknown' when absent or unreadable) plus problems."""
+def _read_run_json(directory: str) -> tuple[dict, dict, list[str]]:
+    """run.json as a flat dict (status 'unknown' when absent or unreadable), its config's
+    groups ({} when absent), and problems."""
     try:
         with open(os.path.join(directory, RUN_JSON), encoding="utf-8") as f:
             doc = json.load(f)
     except FileNotFoundError:
-        return {"status": "unknown"}, []
+        return {"status": "unknown"}, {}, []
     except json.JSONDecodeError as exc:
-        return {"status": "unknown"}, [
+        return {"status": "unknown"}, {}, [
             f"run.json is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
         ]
     except (OSError, UnicodeDecodeError) as exc:
-        return {"status": "unknown"}, [f"run.json cannot be read ({exc})"]
+        return {"status": "unknown"}, {}, [f"run.json cannot be read ({exc})"]
     if not isinstance(doc, dict):
-        return {"status": "unknown"}, ["run.json is not a JSON object"]
+        return {"status": "unknown"}, {}, ["run.json is not a JSON object"]
     status = doc.get("status")
     problems = [] if isinstance(status, str) and status else ["run.json has no status"]
     overrides = doc.get("overrides")
@@ -136,7 +150,13 @@ def _read_run_json(directory: str) -> tuple[dict, list[str]]:
         "overrides": " ".join(map(str, overrides)) if isinstance(overrides, list) else None,
         **_config_settings(doc),
     }
-    return meta, problems
+    config = doc.get("config")
+    groups = (
+        {group: fields for group, fields in config.items() if isinstance(fields, dict)}
+        if isinstance(config, dict)
+        else {}
+    )
+    return meta, groups, problems
 
 
 def _config_settings(doc: dict) -> dict:
@@ -340,7 +360,7 @@ def _runs_table(metas: list[dict], epochs: pd.DataFrame, problems: dict) -> pd.D
             **{
                 c: _as_int(c, pd.to_numeric(d[c], errors="coerce"))
                 for c in d.columns
-                if c in NUMERIC_SETTINGS
+                if c in NUMERIC_SETTINGS or c in NUMERIC_EXTRA_SETTINGS
             }
         )
     )
@@ -352,3 +372,90 @@ def _runs_table(metas: list[dict], epochs: pd.DataFrame, problems: dict) -> pd.D
         .reset_index()
         .reindex(columns=[*META_COLUMNS, *settings_in(settings.columns)])
     )
+
+
+def _with_config_settings(runs: pd.DataFrame, configs: list[dict]) -> pd.DataFrame:
+    """The runs table plus a setting column per config key that tells runs of the same
+    settings apart (NaN for a run whose run.json lacks the key)."""
+    paths = _differing_keys(configs, runs.columns)
+    if not paths:
+        return runs
+    extra = pd.DataFrame(
+        {
+            ".".join(path): _setting_column([_lookup(c, path) for c in configs], runs.index)
+            for path in paths
+        }
+    )
+    # A key that only follows a setting (model.depth exists for wide_resnet alone, adamw's
+    # weight_decay default is not sgd's) tells no runs apart; one that differs between runs
+    # alike in every setting but the seed, world layout and batch does. Those are left out
+    # of "alike" so that a key changed along with the world size is not missed. (Any run
+    # with a config has run.json's model, dataset, ... columns, so `alike` is never empty.)
+    alike = [
+        runs[k]
+        for k in config_keys(runs.columns)
+        if k not in (*WORLD, "batch_size", "global_batch_size")
+    ]
+    differs = extra.groupby(alike, dropna=False).nunique().gt(1).any()
+    return runs.join(extra.loc[:, differs])
+
+
+def _differing_keys(configs: list[dict], columns) -> list[tuple]:
+    """Paths of the config keys seen with two or more values, except those a setting column
+    carries and those that never describe the experiment; in the order the configs list them."""
+    values, seen_groups = defaultdict(set), set()
+    for config in configs:
+        for group, fields in config.items():
+            # Runs share most of their config: read each distinct group once.
+            try:
+                content = (group, *fields.items())
+                if content in seen_groups:
+                    continue
+                seen_groups.add(content)
+            except TypeError:  # a list or a nested group inside: read it every time
+                pass
+            for path, value in _leaves(fields, (group,)):
+                values[path].add(value)
+    carried = {key for key, column in CONFIG_KEY_COLUMNS.items() if column in columns}
+    skip = carried | CONFIG_KEYS_IGNORED
+    return [path for path, seen in values.items() if len(seen) > 1 and ".".join(path) not in skip]
+
+
+def _leaves(fields: dict, path: tuple):
+    """(path, value) of every leaf below nested config fields."""
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, (*path, key))
+        else:
+            yield (*path, key), _leaf(value)
+
+
+def _lookup(config: dict, path: tuple):
+    """The value at `path` in a config, or None when the run has no such key."""
+    value = config
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return None if isinstance(value, dict) else _leaf(value)
+
+
+def _leaf(value):
+    """A config value as a setting: JSON null as "null" (a value, unlike a key the run does
+    not have), a list as its JSON text."""
+    if value is None:
+        return "null"
+    return json.dumps(value) if isinstance(value, list) else value
+
+
+def _setting_column(values: list, index: pd.Index) -> pd.Series:
+    """One config key's values (None: the run lacks the key) as booleans, integers, floats
+    or, when they mix kinds, text."""
+    present = [v for v in values if v is not None]
+    if all(isinstance(v, bool) for v in present):
+        return pd.Series(values, index=index, dtype="boolean")
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return pd.Series(values, index=index, dtype="Int64")
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return pd.Series(values, index=index, dtype="float64")
+    return pd.Series([v if v is None else str(v) for v in values], index=index, dtype=object)

@@ -7,6 +7,7 @@ Each function returns the path it wrote, or None when there is nothing to draw.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -119,12 +120,19 @@ def plot_throughput(configs: pd.DataFrame, path: Path) -> Path | None:
 
 
 def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
-    """Final val_acc over lr x global batch, one panel per world size (and model/data/optimizer if they vary)."""
+    """Final val_acc over lr x global batch, one panel per world size and per value of any
+    other setting that varies (model, optimizer, grad_accum_steps, a config key, ...)."""
     table = configs.dropna(subset=["final_val_acc"])
     if table.empty:
         return None
-    facets = [k for k in ("model", "dataset", "optimizer", "world_size") if table[k].nunique() > 1]
-    panels = list(table.groupby(facets, sort=True)) if facets else [((), table)]
+    # A cell averages only the node layouts of one world size, never unlike runs.
+    facets = [
+        k
+        for k in config_keys(table.columns)
+        if k not in ("lr", "batch_size", "global_batch_size", "num_nodes", "num_gpus")
+        and table[k].nunique(dropna=False) > 1
+    ]
+    panels = list(table.groupby(facets, sort=True, dropna=False)) if facets else [((), table)]
     total, panels = len(panels), panels[:MAX_PANELS]
     # Each panel shows only the learning rates and batches it ran, so a weak-scaling
     # sweep (global batch grows with world size) is not mostly empty cells.
@@ -138,6 +146,7 @@ def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
     rows = -(-len(panels) // cols)
     cell = max(0.5, min(1.0, 6 / max(n_rows, n_cols)))
     fig = _figure(max(6.0, cols * (1.5 + cell * n_cols) + 1.2), rows * (1.3 + cell * n_rows) + 0.8)
+    title_chars = int((1.5 + cell * n_cols) * 11)  # about what a panel's width holds at 10 pt
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     vmin, vmax = float(table.final_val_acc.min()), float(table.final_val_acc.max())
     vmin, vmax = (vmin - 0.01, vmax + 0.01) if vmax - vmin < 0.02 else (vmin, vmax)
@@ -162,10 +171,8 @@ def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
         ax.set_yticks(range(grid.shape[0]), [format_value(v) for v in grid.index])
         ax.set(xlabel="global batch size", ylabel="learning rate")
         key = key if isinstance(key, tuple) else (key,)
-        ax.set_title(
-            ", ".join(f"{k}={format_value(v)}" for k, v in zip(facets, key)) or "all runs",
-            fontsize=10,
-        )
+        title = ", ".join(f"{k}={format_value(v)}" for k, v in zip(facets, key)) or "all runs"
+        ax.set_title(textwrap.fill(title, title_chars, break_long_words=False), fontsize=10)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     fig.colorbar(

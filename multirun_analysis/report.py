@@ -34,11 +34,13 @@ MAX_REPORT_ROWS = 500  # the report lists at most this many runs; runs.md and ru
 METHOD = (
     "Throughput of a run is the median images/sec (summed over workers) over its epochs after "
     "the first (all epochs if it has one). Runs identical but for the seed are averaged: mean, "
-    "std (over runs) and n. Speedup = throughput / throughput at the group's smallest world "
-    "size; efficiency = speedup × smallest world size / world size (1.00 = linear). Weak "
-    "scaling keeps the per-worker batch fixed, so the global batch grows with the world size; "
-    "strong scaling keeps the global batch fixed. A group run at a single world size says "
-    "nothing about scaling and is left out."
+    "std (over runs) and n; a key of run.json's config that differs between otherwise alike "
+    "runs (e.g. distributed.bucket_cap_mb) is a setting column of its own, so runs that differ "
+    "in it are never averaged together. Speedup = throughput / throughput at the group's "
+    "smallest world size; efficiency = speedup × smallest world size / world size (1.00 = "
+    "linear). Weak scaling keeps the per-worker batch fixed, so the global batch grows with the "
+    "world size; strong scaling keeps the global batch fixed. A group run at a single world "
+    "size says nothing about scaling and is left out."
 )
 
 

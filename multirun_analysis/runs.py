@@ -108,7 +108,13 @@ def _judge(runs: pd.DataFrame) -> pd.DataFrame:
 def _status_reason(runs: pd.DataFrame) -> pd.Series:
     """Why run.json's status keeps a run out ('' for completed and unknown)."""
     status = runs.status
-    error = runs.error.fillna("").astype(str).str.strip().str.replace(r"\s+", " ", regex=True)
+    error = (  # as objects first: with no run.json at all the column is NaN, a float column
+        runs.error.astype(object)
+        .fillna("")
+        .astype(str)
+        .str.strip()
+        .str.replace(r"\s+", " ", regex=True)
+    )
     return pd.Series(
         np.select(
             [

@@ -47,7 +47,7 @@ assert set(REQUIRED) == {*STRING_SETTINGS, *NUMERIC_SETTINGS, *METRICS}
 
 # Optional columns that also tell runs apart when present (a bf16 run is not a
 # repeat of an fp32 run), so they join the settings used for grouping.
-EXTRA_SETTINGS = ("precision", "data_loader", "launcher", "comm_hook")
+EXTRA_SETTINGS = ("precision", "data_loader", "launcher", "comm_hook", "grad_accum_steps")
 # Optional numeric columns; a bad value there becomes NaN instead of a problem.
 EXTRA_NUMERIC = ("step_time_p50_s", "step_time_p90_s", "grad_sync_share", "eval_time_s")
 
@@ -67,6 +67,7 @@ SETTINGS_ORDER = (
     "device",
     "launcher",
     "comm_hook",
+    "grad_accum_steps",
     "lr",
     "batch_size",
     "global_batch_size",
@@ -83,10 +84,51 @@ STATUSES = ("completed", "failed", "running", "interrupted", "unknown")
 ANALYSABLE_STATUSES = ("completed", "unknown")
 
 
+# Any other key of run.json's resolved config that differs between runs is a setting too
+# (distributed.bucket_cap_mb=1 is not a repeat of bucket_cap_mb=25): its column is named by
+# its dotted key, which no results.csv column has, and follows SETTINGS_ORDER's columns.
+# These config keys never become such a column: a setting column above already carries them
+# (the config says backend=auto, results.csv says the gloo it resolved to) ...
+CONFIG_KEY_COLUMNS = {
+    "model.name": "model",
+    "data.name": "dataset",
+    "optim.name": "optimizer",
+    "train.precision": "precision",
+    "data.loader": "data_loader",
+    "distributed.backend": "backend",
+    "distributed.device": "device",
+    "distributed.comm_hook": "comm_hook",
+    "train.grad_accum_steps": "grad_accum_steps",
+    "optim.lr": "lr",
+    "data.batch_size": "batch_size",
+    "distributed.num_nodes": "num_nodes",
+    "distributed.num_gpus": "num_gpus",
+    "train.epochs": "epochs",
+    "train.seed": "seed",
+}
+# ... and these say where and how a run was started, not what it measured.
+CONFIG_KEYS_IGNORED = frozenset(
+    {
+        "distributed.node_id",
+        "distributed.master_addr",
+        "distributed.master_port",
+        "distributed.timeout_s",
+        "data.root",
+        "data.download",
+        "train.progress",
+    }
+)
+
+
 def settings_in(columns) -> list[str]:
-    """The setting columns present in `columns`, in display order."""
+    """The setting columns present in `columns`, in display order (config keys last)."""
     present = set(columns)
-    return [c for c in SETTINGS_ORDER if c in present]
+    return [*(c for c in SETTINGS_ORDER if c in present), *config_settings_in(columns)]
+
+
+def config_settings_in(columns) -> list[str]:
+    """The columns named by a dotted config key (distributed.bucket_cap_mb), in their order."""
+    return [c for c in columns if isinstance(c, str) and "." in c]
 
 
 def config_keys(columns) -> list[str]:

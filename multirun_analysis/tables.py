@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .render import format_value
-from .schema import SETTINGS_ORDER, WORLD, config_keys
+from .schema import SETTINGS_ORDER, WORLD, config_keys, config_settings_in
 
 # Scaling kind -> the batch setting held fixed while the world size grows.
 SCALING_KINDS = {"weak": "batch_size", "strong": "global_batch_size"}
@@ -26,7 +26,7 @@ SCALING_COLUMNS = (
     "baseline_world_size",
 )
 # The settings in display order up to lr, then the batch and world columns in the order
-# the question "does accuracy change when we scale?" reads them.
+# the question "does accuracy change when we scale?" reads them (then any config keys).
 ACCURACY_ORDER = (
     *SETTINGS_ORDER[: SETTINGS_ORDER.index("lr") + 1],
     "global_batch_size",
@@ -121,7 +121,10 @@ def group_labels(frame: pd.DataFrame, keys: list[str], always=()) -> pd.Series:
 
 def accuracy_table(configs: pd.DataFrame, target_acc: float) -> pd.DataFrame:
     """Final and best val_acc, and epochs and time to `target_acc`, by configuration."""
-    settings = [c for c in ACCURACY_ORDER if c in configs.columns]
+    settings = [
+        *(c for c in ACCURACY_ORDER if c in configs.columns),
+        *config_settings_in(configs.columns),
+    ]
     return (
         configs.assign(target_acc=target_acc)
         .sort_values(settings, kind="stable")

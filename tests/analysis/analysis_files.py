@@ -46,6 +46,7 @@ def run_rows(
     optimizer="sgd",
     grad_sync_share=None,
     epochs=None,
+    grad_accum_steps=1,
 ):
     """One dict per epoch; each epoch takes IMAGES_PER_EPOCH / images_per_sec seconds."""
     n = len(images_per_sec)
@@ -80,6 +81,7 @@ def run_rows(
                 "warmup": i == 1,
                 "grad_sync_share": "" if grad_sync_share is None else grad_sync_share,
                 "launcher": "spawn",
+                "grad_accum_steps": grad_accum_steps,  # written only when `columns` has it
             }
         )
     return rows
@@ -95,8 +97,9 @@ def write_results(directory, rows, columns=COLUMNS):
     return directory / "results.csv"
 
 
-def write_run_json(directory, status="completed", error=None, rows=None, **extra):
-    """run.json with the resolved config taken from the first row."""
+def write_run_json(directory, status="completed", error=None, rows=None, config=None, **extra):
+    """run.json with the resolved config taken from the first row; `config` adds or replaces
+    keys of it by group, e.g. {"distributed": {"bucket_cap_mb": 1.0}}."""
     directory.mkdir(parents=True, exist_ok=True)
     first = rows[0] if rows else {}
     doc = {
@@ -116,32 +119,49 @@ def write_run_json(directory, status="completed", error=None, rows=None, **extra
                 "num_gpus": first.get("num_gpus", 1),
                 "num_nodes": first.get("num_nodes", 1),
             },
-            "train": {"epochs": first.get("epochs", 3), "seed": first.get("seed", 0)},
+            "train": {
+                "epochs": first.get("epochs", 3),
+                "seed": first.get("seed", 0),
+                "grad_accum_steps": first.get("grad_accum_steps", 1),
+            },
         },
         "world_size": first.get("world_size", 1),
         "hostname": "node0",
         "launcher": "spawn",
         **extra,
     }
+    for group, fields in (config or {}).items():
+        doc["config"].setdefault(group, {}).update(fields)
     (directory / "run.json").write_text(json.dumps(doc))
 
 
 def new_sweep(tmp_path):
     """A sweep folder under tmp_path and a function that writes one run into it.
 
-    write_run(name, status="completed", error=None, run_json=True, **run_rows kwargs)
-    returns the run directory. (Plain helpers rather than fixtures: a conftest.py here
-    would share the module name `conftest` with tests/conftest.py and shadow it.)
+    write_run(name, status="completed", error=None, run_json=True, config=None,
+    columns=COLUMNS, **run_rows kwargs) returns the run directory (`config` as in
+    write_run_json, `columns` as in write_results). (Plain helpers rather than fixtures:
+    a conftest.py here would share the module name `conftest` with tests/conftest.py and
+    shadow it.)
     """
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir(exist_ok=True)
 
-    def write_run(name, *, status="completed", error=None, run_json=True, **settings):
+    def write_run(
+        name,
+        *,
+        status="completed",
+        error=None,
+        run_json=True,
+        config=None,
+        columns=COLUMNS,
+        **settings,
+    ):
         directory = sweep_dir / name
         rows = run_rows(**settings)
-        write_results(directory, rows)
+        write_results(directory, rows, columns)
         if run_json:
-            write_run_json(directory, status=status, error=error, rows=rows)
+            write_run_json(directory, status=status, error=error, rows=rows, config=config)
         return directory
 
     return sweep_dir, write_run

@@ -95,3 +95,28 @@ def test_out_and_target_acc_options(two_sweeps, tmp_path):
     accuracy = (tmp_path / "study" / "accuracy.csv").read_text()
     assert "target_acc" in accuracy.splitlines()[0]
     assert not (a / "analysis").exists()
+
+
+def test_a_directory_without_runs_beside_others_is_a_warning(two_sweeps, tmp_path):
+    a, _ = two_sweeps
+    (tmp_path / "empty").mkdir()
+    result = run_cli(str(tmp_path / "empty"), str(a), "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == (
+        f"multirun_analysis: warning: no runs found under {tmp_path / 'empty'}; "
+        "analysing the other directories\n"
+    )
+    assert "2 runs found, 2 analysed" in result.stdout
+    assert (tmp_path / "out" / "report.html").exists()
+
+
+def test_directories_that_all_lack_runs_are_an_error(tmp_path):
+    for name in ("empty1", "empty2"):
+        (tmp_path / name).mkdir()
+    result = run_cli(str(tmp_path / "empty1"), str(tmp_path / "empty2"))
+    assert result.returncode == 1
+    assert result.stderr.startswith(
+        "multirun_analysis: error: no runs found under "
+        f"{tmp_path / 'empty1'}, {tmp_path / 'empty2'} "
+    )
+    assert result.stderr.count("\n") == 1
