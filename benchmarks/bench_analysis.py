@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import copy
+import functools
 import itertools
 import json
 import os
@@ -29,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "src"))  # ddpscale's config schema
 
 from multirun_analysis.schema import EXTRA_NUMERIC, EXTRA_SETTINGS, REQUIRED  # noqa: E402
 
@@ -72,13 +75,7 @@ def write_sweep(root: Path, runs: int, epochs: int) -> None:
                         f"data.batch_size={batch}",
                         f"optim.lr={lr}",
                     ],
-                    "config": {
-                        "model": {"name": "cnn"},
-                        "data": {"name": "fashion_mnist", "batch_size": batch},
-                        "optim": {"name": optimizer, "lr": lr},
-                        "distributed": {"num_gpus": gpus, "num_nodes": nodes},
-                        "train": {"epochs": epochs, "seed": seed},
-                    },
+                    "config": _config(nodes, gpus, batch, lr, optimizer, seed, epochs, job),
                     "versions": {"torch": "2.5.0"},
                     "devices": ["NVIDIA H100"] * gpus,
                     "git_commit": "abc123",
@@ -89,6 +86,26 @@ def write_sweep(root: Path, runs: int, epochs: int) -> None:
                 }
             )
         )
+
+
+def _config(nodes, gpus, batch, lr, optimizer, seed, epochs, job) -> dict:
+    """A resolved config as train.py writes it into run.json, every key present (the
+    analysis reads them all to find the keys that tell runs apart)."""
+    cfg = copy.deepcopy(_default_config(optimizer))
+    cfg["data"].update(name="fashion_mnist", batch_size=batch)
+    cfg["optim"]["lr"] = lr
+    cfg["distributed"].update(num_gpus=gpus, num_nodes=nodes, master_port=29500 + job % 7)
+    cfg["train"].update(epochs=epochs, seed=seed)
+    return cfg
+
+
+@functools.cache
+def _default_config(optimizer: str) -> dict:
+    from ddpscale.config import AdamWConfig, CNNConfig, Config, DataConfig, DistributedConfig, SGDConfig, as_dict
+
+    optim = SGDConfig() if optimizer == "sgd" else AdamWConfig()
+    return as_dict(Config(model=CNNConfig(), data=DataConfig(name="fashion_mnist"), optim=optim,
+                          distributed=DistributedConfig()))
 
 
 def _results(nodes, gpus, batch, lr, optimizer, seed, epochs, done, rng) -> str:
@@ -107,39 +124,20 @@ def _results(nodes, gpus, batch, lr, optimizer, seed, epochs, done, rng) -> str:
         acc = min(
             0.93, 0.93 - 0.5 * (1 - min(1.0, lr * 20)) ** 2 - 0.02 * (world * batch / 1024) ** 0.5
         ) * (1 - 0.5**epoch)
-        writer.writerow(
-            [
-                "cnn",
-                "fashion_mnist",
-                optimizer,
-                nodes,
-                gpus,
-                world,
-                "nccl",
-                "cuda",
-                batch,
-                batch * world,
-                lr,
-                seed,
-                epochs,
-                epoch,
-                1 - acc,
-                acc + 0.01,
-                1.05 - acc,
-                round(acc + rng.uniform(-0.005, 0.005), 4),
-                round(epoch_time, 4),
-                round(elapsed, 4),
-                round(ips, 2),
-                epoch == 1,
-                0.05,
-                0.06,
-                round(sync, 4),
-                1.5,
-                "fp32",
-                "memory",
-                "torchrun",
-            ]
-        )
+        row = {
+            "model": "cnn", "dataset": "fashion_mnist", "optimizer": optimizer,
+            "num_nodes": nodes, "num_gpus": gpus, "world_size": world, "backend": "nccl",
+            "device": "cuda", "batch_size": batch, "global_batch_size": batch * world, "lr": lr,
+            "seed": seed, "epochs": epochs, "epoch": epoch, "train_loss": 1 - acc,
+            "train_acc": acc + 0.01, "val_loss": 1.05 - acc,
+            "val_acc": round(acc + rng.uniform(-0.005, 0.005), 4),
+            "epoch_time_s": round(epoch_time, 4), "elapsed_s": round(elapsed, 4),
+            "images_per_sec": round(ips, 2), "warmup": epoch == 1, "step_time_p50_s": 0.05,
+            "step_time_p90_s": 0.06, "grad_sync_share": round(sync, 4), "eval_time_s": 1.5,
+            "precision": "fp32", "data_loader": "memory", "launcher": "torchrun",
+            "comm_hook": "auto", "grad_accum_steps": 1,
+        }
+        writer.writerow([row[c] for c in COLUMNS])  # a column added to the schema fails here
     return out.getvalue()
 
 
@@ -178,6 +176,8 @@ def main() -> None:
             configs = configurations(runs)
             return runs, configs, scaling_table(configs), accuracy_table(configs, 0.9)
 
+        if collected.epochs.empty:
+            sys.exit("no epoch rows were read: the generated files no longer match the schema")
         runs, configs, scaling, accuracy = timed("tables (runs, seeds, scaling, accuracy)", tables)
         print(
             f"  -> {len(collected.epochs):,} epoch rows, {len(runs):,} runs "

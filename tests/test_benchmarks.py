@@ -371,3 +371,14 @@ def test_allreduce_benchmark_sizes_its_tensor_as_the_cnn_gradient():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.cnn_gradient_numel() == 1_199_882  # 4.8 MB, the README's figure
+
+
+def test_analysis_benchmark_reads_every_generated_row():
+    """Its sweep is written from the schema's columns and a real config; were they to drift
+    apart, the analysis would read no rows and the timings would mean nothing."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_analysis.py"), "--runs", "200",
+                           "--epochs", "2"], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = int(proc.stdout.split(" epoch rows")[0].rsplit("-> ", 1)[1].replace(",", ""))
+    assert rows > 0.9 * 200 * 2  # 2 epochs a run, less the few runs cut short on purpose
+    assert "200 runs found" in proc.stdout
