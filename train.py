@@ -63,7 +63,7 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
     checksums = [None] * ctx.world_size
     dist.all_gather_object(checksums, trainer.replica_checksum())
     return {"replica_checksums": checksums, "replicas_identical": len(set(checksums)) == 1,
-            "devices": device_names(ctx.device)}
+            "devices": device_names(ctx.device), "grad_allreduce": ddp_model.grad_allreduce}
 
 
 @hydra.main(version_base=None, config_path=str(Path(__file__).resolve().parent / "conf"),

@@ -117,6 +117,41 @@ def test_waiting_for_a_slower_rank_is_counted_on_the_rank_that_waits(tmp_path):
     assert first >= 0.25 and late < 0.1
 
 
+def _no_room(rank: int, port: int, comm_hook: str, out: str) -> None:
+    """Workers whose /dev/shm has no room for the segment (rank 0's posix_fallocate fails)."""
+    from ddpscale import shm_allreduce
+    from ddpscale.config import DistributedConfig
+    from ddpscale.distributed import WorkerContext, wrap_ddp
+
+    shm_allreduce._create_segment = lambda flag_bytes, data_bytes: None  # as on ENOSPC
+    placement = Placement(rank, rank, 2, 2, 0)
+    ctx = WorkerContext(placement, torch.device("cpu"), "gloo", "spawn")
+    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30)):
+        try:
+            model = wrap_ddp(torch.nn.Linear(4, 2), ctx, DistributedConfig(num_gpus=2, comm_hook=comm_hook))
+        except shm_allreduce.SegmentUnavailable as err:
+            result = f"raised: {err}"
+        else:
+            model(torch.full((3, 4), float(rank))).sum().backward()  # through gloo
+            result = model.grad_allreduce
+        results = [None, None]
+        torch.distributed.all_gather_object(results, result)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump(results, f)
+
+
+@pytest.mark.parametrize("comm_hook,expected", [
+    ("auto", "none"),  # falls back to the process group, and says so in run.json
+    ("shm", "raised: [Errno 28] no room in /dev/shm"),  # asked for explicitly: every rank fails alike
+])
+def test_no_room_for_the_segment(tmp_path, comm_hook, expected):
+    out = tmp_path / "results.json"
+    store = host_store("127.0.0.1", None, 2, 30)
+    spawn(_no_room, (store.port, comm_hook, str(out)), 2)
+    assert [r[:len(expected)] for r in json.loads(out.read_text())] == [expected, expected]
+
+
 @pytest.mark.parametrize("name,device,world,nodes,expected", [
     ("auto", "cpu", 2, 1, "shm"),
     ("auto", "cpu", 1, 1, "none"),  # nothing to reduce

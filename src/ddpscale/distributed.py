@@ -311,7 +311,11 @@ def resolve_comm_hook(name: str, device: str, world_size: int, num_nodes: int) -
 
 
 def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -> DDP:
-    """DDP around the model; it broadcasts rank 0's weights so replicas start identical."""
+    """DDP around the model; it broadcasts rank 0's weights so replicas start identical.
+
+    The gradient all-reduce it registered, after any fallback, is in its `grad_allreduce`
+    attribute (none, shm, bf16 or fp16), for run.json.
+    """
     ddp = DDP(
         model,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
@@ -330,6 +334,7 @@ def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -
                 raise
             if ctx.is_main:
                 log.warning("warning: %s; gradients go through %s instead", err, ctx.backend)
+            hook = "none"
         else:
             ddp.register_comm_hook(state, shm_allreduce.allreduce_hook)
     elif hook != "none":
@@ -337,6 +342,7 @@ def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -
 
         hooks = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
         ddp.register_comm_hook(None, hooks[hook])
+    ddp.grad_allreduce = hook
     return ddp
 
 
