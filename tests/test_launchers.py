@@ -80,6 +80,16 @@ def test_spawn_torchrun_and_submitit_give_the_same_results(tmp_path):
     assert scratch_after <= scratch_before, "non-zero ranks clean up their scratch dirs"
 
 
+def test_a_one_task_submitit_job_spawns_its_worker(tmp_path):
+    """One task (num_gpus=1) is spawn mode inside the submitit job, whose __main__ is
+    submitit's: the workers' body must be importable from the package, not train.py."""
+    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1", "hydra/launcher=slurm_local",
+                     f"hydra.sweep.dir={tmp_path}", "-m")
+    assert proc.returncode == 0, output(proc)
+    run = read_run(tmp_path / "0")
+    assert run["status"] == "completed" and run["launcher"] == "spawn" and run["world_size"] == 1
+
+
 def test_torchrun_two_nodes_over_loopback(tmp_path):
     port = free_port()
     nodes = [

@@ -1,0 +1,54 @@
+"""One worker's run, the body train.py hands to the launcher.
+
+It lives in the package, not in train.py, so that spawned workers can import it by name
+wherever the job process runs: under submitit, `__main__` is submitit's own module and a
+function defined in train.py could not be found there.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddpscale.config import Config
+from ddpscale.data import build_data
+from ddpscale.distributed import WorkerContext, device_names, wrap_ddp
+from ddpscale.models import build_model
+from ddpscale.optim import build_optimizer, build_scheduler
+from ddpscale.results import Reporter, settings_row
+from ddpscale.trainer import Trainer, build_precision
+
+
+def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
+    """One worker's run: build everything from the config, train, check the replicas agree."""
+    torch.manual_seed(cfg.train.seed)  # the same initial weights and dropout on every rank
+    data = build_data(cfg.data, ctx.rank, ctx.world_size, cfg.train.seed, ctx.device)
+    model = build_model(cfg.model, cfg.data).to(ctx.device)
+    if cfg.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if cfg.train.compile:
+        model = torch.compile(model)
+    ddp_model = wrap_ddp(model, ctx, cfg.distributed)
+    optimizer = build_optimizer(ddp_model.parameters(), cfg.optim)
+    steps = cfg.train.epochs * math.ceil(len(data.train) / cfg.train.grad_accum_steps)
+    trainer = Trainer(
+        model=ddp_model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, cfg.optim, total_steps=steps),
+        data=data,
+        ctx=ctx,
+        reporter=Reporter(ctx.is_main, out_dir, settings_row(cfg, ctx), cfg.train.epochs,
+                          show_progress=cfg.train.progress),
+        precision=build_precision(cfg.train.precision, ctx.device),
+        grad_accum_steps=cfg.train.grad_accum_steps,
+        channels_last=cfg.train.channels_last,
+        sync_probe_steps=cfg.train.sync_probe_steps,
+    )
+    trainer.fit(cfg.train.epochs)
+    checksums = [None] * ctx.world_size
+    dist.all_gather_object(checksums, trainer.replica_checksum())
+    return {"replica_checksums": checksums, "replicas_identical": len(set(checksums)) == 1,
+            "devices": device_names(ctx.device), "grad_allreduce": ddp_model.grad_allreduce}
