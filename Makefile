@@ -29,7 +29,7 @@ data:
 test: install data
 	$(VENV)/bin/pytest -q
 
-# A small real scaling study on Fashion-MNIST (num_gpus x lr, 6 runs), then its report.
+# A small real scaling study on Fashion-MNIST (num_gpus x lr, 4 runs), then its report.
 demo: install data
 	rm -rf $(SWEEP)
 	$(PY) train.py -m distributed.num_gpus=1,2 optim.lr=0.02,0.05 data.batch_size=64 \

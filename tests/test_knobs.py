@@ -52,8 +52,9 @@ def test_fp16_on_the_cpu_is_refused_with_the_fix(tmp_path):
     assert "train.precision=fp16 needs CUDA; use train.precision=bf16" in output(proc)
 
 
-def test_results_carry_step_times_warmup_and_sync_share(tmp_path):
-    proc = run_train(*QUICK, "distributed.num_gpus=2", "train.sync_probe_steps=2",
+@pytest.mark.parametrize("workers", [1, 2])
+def test_results_carry_step_times_warmup_and_sync_share(tmp_path, workers):
+    proc = run_train(*QUICK, f"distributed.num_gpus={workers}", "train.sync_probe_steps=2",
                      f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, output(proc)
     rows = read_rows(tmp_path)
@@ -61,6 +62,8 @@ def test_results_carry_step_times_warmup_and_sync_share(tmp_path):
     for r in rows:
         assert 0 < float(r["step_time_p50_s"]) <= float(r["step_time_p90_s"])
         assert 0 <= float(r["grad_sync_share"]) < 1
+        if workers == 1:
+            assert float(r["grad_sync_share"]) == 0  # one worker has nothing to synchronise
         assert float(r["eval_time_s"]) > 0
 
 

@@ -205,6 +205,8 @@ class Trainer:
         """
         if self.sync_probe_steps <= 0:
             return None
+        if self.ctx.world_size == 1:
+            return 0.0  # nothing to synchronise; the probe would time DDP's bucket copy
         x, y = batch
         buffers = [b.detach().clone() for b in self.model.module.buffers()]
         devices = [self.ctx.device] if self.ctx.device.type == "cuda" else []
