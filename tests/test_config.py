@@ -66,6 +66,9 @@ def test_every_data_option_composes(option):
     ("distributed.device=cpu", "distributed.device", "cpu"),
     ("train.epochs=7", "train.epochs", 7),
     ("train.seed=42", "train.seed", 42),
+    ("data.drop_last=true", "data.drop_last", True),
+    ("optim.schedule=constant", "optim.schedule", "constant"),
+    ("train.progress=false", "train.progress", False),
 ])
 def test_every_documented_key_lands_where_it_should(override, path, expected):
     cfg = composed(override)
