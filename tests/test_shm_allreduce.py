@@ -15,7 +15,7 @@ from ddpscale.config import ConfigError
 from ddpscale.distributed import Placement, Rendezvous, host_store, process_group, resolve_comm_hook
 from ddpscale.shm_allreduce import SharedMemoryAllreduce, supported
 
-pytestmark = pytest.mark.skipif(not supported(), reason="needs Linux on x86-64 with /dev/shm")
+pytestmark = pytest.mark.skipif(not supported(), reason="needs Linux on x86-64 with a writable /dev/shm")
 
 # (numel, dtype): one element, exactly one chunk, several chunks with a ragged tail
 CASES = [(1, torch.float32), (1024, torch.float32), (5000, torch.float32),
@@ -117,13 +117,26 @@ def test_waiting_for_a_slower_rank_is_counted_on_the_rank_that_waits(tmp_path):
     assert first >= 0.25 and late < 0.1
 
 
-def _no_room(rank: int, port: int, comm_hook: str, out: str) -> None:
-    """Workers whose /dev/shm has no room for the segment (rank 0's posix_fallocate fails)."""
+def _no_segment(rank: int, port: int, comm_hook: str, failure: str, shm_dir: str, out: str) -> None:
+    """Workers whose rank 0 cannot make the segment: /dev/shm is full (posix_fallocate
+    fails after the file exists) or refuses new files (mkstemp fails)."""
+    import errno
+    import os
+    import tempfile
+
     from ddpscale import shm_allreduce
     from ddpscale.config import DistributedConfig
     from ddpscale.distributed import WorkerContext, wrap_ddp
 
-    shm_allreduce._create_segment = lambda flag_bytes, data_bytes: None  # as on ENOSPC
+    shm_allreduce.SHM_DIR = Path(shm_dir)
+    if failure == "full":
+        def fallocate(*_args):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        os.posix_fallocate = fallocate
+    else:
+        def mkstemp(*_args, **_kwargs):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        tempfile.mkstemp = mkstemp
     placement = Placement(rank, rank, 2, 2, 0)
     ctx = WorkerContext(placement, torch.device("cpu"), "gloo", "spawn")
     with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30)):
@@ -141,15 +154,19 @@ def _no_room(rank: int, port: int, comm_hook: str, out: str) -> None:
                 json.dump(results, f)
 
 
-@pytest.mark.parametrize("comm_hook,expected", [
-    ("auto", "none"),  # falls back to the process group, and says so in run.json
-    ("shm", "raised: [Errno 28] no room in /dev/shm"),  # asked for explicitly: every rank fails alike
-])
-def test_no_room_for_the_segment(tmp_path, comm_hook, expected):
-    out = tmp_path / "results.json"
+@pytest.mark.parametrize("failure,says", [("full", "[Errno 28] no 0.02 MiB segment in {}: No space left on device"),
+                                          ("refused", "[Errno 13] no 0.02 MiB segment in {}: Permission denied")])
+@pytest.mark.parametrize("comm_hook", ["auto", "shm"])
+def test_no_segment_falls_back_or_fails_on_every_rank_alike(tmp_path, comm_hook, failure, says):
+    """auto falls back to the process group (run.json says none); an explicit shm fails
+    on every rank with rank 0's reason; either way no half-made segment is left."""
+    out, shm_dir = tmp_path / "results.json", tmp_path / "shm"
+    shm_dir.mkdir()
     store = host_store("127.0.0.1", None, 2, 30)
-    spawn(_no_room, (store.port, comm_hook, str(out)), 2)
-    assert [r[:len(expected)] for r in json.loads(out.read_text())] == [expected, expected]
+    spawn(_no_segment, (store.port, comm_hook, failure, str(shm_dir), str(out)), 2)
+    expected = "none" if comm_hook == "auto" else f"raised: {says.format(shm_dir)}"
+    assert json.loads(out.read_text()) == [expected, expected]
+    assert list(shm_dir.iterdir()) == []
 
 
 @pytest.mark.parametrize("name,device,world,nodes,expected", [

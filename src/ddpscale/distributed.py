@@ -302,7 +302,7 @@ def resolve_comm_hook(name: str, device: str, world_size: int, num_nodes: int) -
         )
     if name == "shm" and not shm_allreduce.supported():
         raise ConfigError(
-            "distributed.comm_hook=shm needs Linux on x86-64 with /dev/shm; "
+            "distributed.comm_hook=shm needs Linux on x86-64 with a writable /dev/shm; "
             "use distributed.comm_hook=auto (or none)"
         )
     if name == "auto":

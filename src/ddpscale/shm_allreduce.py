@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,13 +39,13 @@ SHM_DIR = Path("/dev/shm")
 
 
 class SegmentUnavailable(OSError):
-    """Rank 0 found no room for the segment; raised on every rank alike."""
+    """Rank 0 could not make the segment (no room, or /dev/shm refused it); raised on every rank alike."""
 
 
 def supported() -> bool:
     """Whether this machine can run the protocol (Linux, x86-64 store ordering, /dev/shm)."""
     return (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
-            and SHM_DIR.is_dir())
+            and SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK | os.X_OK))
 
 
 class SharedMemoryAllreduce:
@@ -58,12 +59,17 @@ class SharedMemoryAllreduce:
         self.seq = 0
         self.waited_s = 0.0  # time spent waiting for slower ranks (benchmarks/step_phases.py)
         flag_bytes = FLAG_STRIDE * world_size
-        path = _create_segment(flag_bytes, 2 * world_size * chunk_bytes) if rank == 0 else None
-        shared = [path]
-        dist.broadcast_object_list(shared, src=0)  # rank 0 says where, or that it could not
+        shared: list[Any] = [None, None]  # the segment's path, or (errno, why there is none)
+        if rank == 0:
+            try:
+                shared[0] = _create_segment(flag_bytes, 2 * world_size * chunk_bytes)
+            except OSError as err:
+                size_mib = (flag_bytes + 2 * world_size * chunk_bytes) / 2**20
+                shared[1] = (err.errno or errno.EIO,
+                             f"no {size_mib:.2f} MiB segment in {SHM_DIR}: {err.strerror or err}")
+        dist.broadcast_object_list(shared, src=0)  # rank 0 says where, or why it could not
         if shared[0] is None:
-            size_mib = (flag_bytes + 2 * world_size * chunk_bytes) >> 20
-            raise SegmentUnavailable(errno.ENOSPC, f"no room in {SHM_DIR} for a {size_mib} MiB segment")
+            raise SegmentUnavailable(*shared[1])
         self.path = shared[0]  # unlinked once every rank has mapped it
         fd = os.open(self.path, os.O_RDWR)
         try:
@@ -123,15 +129,16 @@ def chunk_bytes_for(gradient_bytes: int) -> int:
     return min(MAX_CHUNK_BYTES, max(4096, -(-gradient_bytes // 4096) * 4096))
 
 
-def _create_segment(flag_bytes: int, data_bytes: int) -> str | None:
-    """A zeroed file in /dev/shm with its pages reserved (ENOSPC now, not SIGBUS later)."""
+def _create_segment(flag_bytes: int, data_bytes: int) -> str:
+    """A zeroed file in /dev/shm with its pages reserved (ENOSPC now, not SIGBUS later);
+    raises OSError when /dev/shm has no room or refuses the file."""
     fd, path = tempfile.mkstemp(prefix="ddpscale-grads-", dir=SHM_DIR)
     try:
         os.posix_fallocate(fd, 0, flag_bytes + data_bytes)
         return path
     except OSError:
         os.unlink(path)
-        return None
+        raise
     finally:
         os.close(fd)
 
