@@ -99,6 +99,18 @@ def test_typos_and_wrong_types_fail_at_compose_time(overrides, error):
 
 
 @pytest.mark.parametrize("overrides,error", [
+    (["+trian.epochs=1"], "trian is not a config key \\(did you mean train\\?"),
+    (["+train.epoch=2"], "train.epoch is not a config key \\(did you mean train.epochs\\?"),
+    (["+optim.momentun=0.5"], "optim.momentun is not a config key \\(did you mean optim.momentum\\?"),
+    (["+model.foo=2"], "model.foo is not a config key \\(valid here: name, conv1_channels"),
+])
+def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
+    """Hydra lets `+key=value` add any key; one the schema lacks would be read by nothing."""
+    with pytest.raises(ConfigError, match=error):
+        composed(*overrides)
+
+
+@pytest.mark.parametrize("overrides,error", [
     (["distributed.num_gpus=0"], "distributed.num_gpus=0 must be >= 1"),
     (["distributed.num_gpus=-1"], "distributed.num_gpus=-1 must be >= 1"),
     (["data.batch_size=0"], "data.batch_size=0 must be >= 1"),
@@ -130,6 +142,7 @@ def test_bad_values_name_the_key(overrides, error):
     (["train.epochs=0"], "train.epochs=0 must be >= 1"),
     (["model=resnet9000"], "resnet9000"),
     (["optim.lrr=0.1"], "lrr"),
+    (["+trian.epochs=1"], "trian is not a config key (did you mean train?"),
     (["distributed.num_nodes=2", "distributed.node_id=3"], "distributed.node_id=3"),
     (["distributed.num_nodes=2", "distributed.node_id=1"], "distributed.master_addr"),
     (["distributed.backend=nccl", "distributed.device=cpu"], "distributed.backend=nccl needs CUDA"),
@@ -160,6 +173,10 @@ def test_missing_data_says_where_it_looked_and_how_to_fix(tmp_path):
 @pytest.mark.parametrize("overrides,message", [
     (["data.num_classes=5"], "data=fashion_mnist has 10 classes but data.num_classes=5"),
     (["data.image_size=32"], "data=fashion_mnist has 1x28x28 images but the config says"),
+    (["data.train_size=60001"], "data.train_size=60001 is more than data=fashion_mnist has "
+                                "(60000 training examples); lower data.train_size, or set data.train_size=null"),
+    (["data.val_size=20000"], "data.val_size=20000 is more than data=fashion_mnist has "
+                              "(10000 validation examples); lower data.val_size, or set data.val_size=null"),
 ])
 def test_data_that_does_not_fit_the_config_fails_before_any_worker(tmp_path, fmnist_root, overrides, message):
     proc = run_train(f"data.root={fmnist_root}", *overrides, f"hydra.run.dir={tmp_path}", timeout=60)

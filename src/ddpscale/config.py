@@ -8,6 +8,8 @@ process before any worker starts. Every error names the key and the fix.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -243,10 +245,36 @@ register_configs()
 
 
 def to_config(cfg: DictConfig | Config) -> Config:
-    """Turn a composed DictConfig into typed dataclasses (resolving interpolations)."""
+    """Turn a composed DictConfig into typed dataclasses (resolving interpolations).
+
+    Raises ConfigError for a key the schema does not have: Hydra lets `+key=value` add
+    one, and OmegaConf would drop it or keep it unread, so a typo would change nothing.
+    """
     if isinstance(cfg, Config):
         return cfg
+    unknown = unknown_keys(cfg)
+    if unknown:
+        raise ConfigError("; ".join(unknown))
     return OmegaConf.to_object(cfg)
+
+
+def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """One message per key below `node` that its schema lacks, with the closest real key."""
+    schema = OmegaConf.get_type(node)
+    known = [f.name for f in dataclasses.fields(schema)] if dataclasses.is_dataclass(schema) else None
+    problems = []
+    for key in node.keys():
+        path = f"{prefix}{key}"
+        if known is not None and key not in known:
+            near = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {prefix}{near[0]}? " if near else ""
+            problems.append(f"{path} is not a config key ({hint}valid here: {', '.join(known)}); "
+                            f"fix the name in the +{path}... override or drop it")
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            problems += unknown_keys(child, f"{path}.")
+    return problems
 
 
 def as_dict(cfg: Config) -> dict[str, Any]:

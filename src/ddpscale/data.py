@@ -88,7 +88,16 @@ def _check_idx(cfg: DataConfig, folder: Path) -> int:
             f"data={cfg.name} has {classes} classes but data.num_classes={cfg.num_classes}; "
             "leave data.num_classes at the data option's value"
         )
-    return min(shape[0], cfg.train_size or shape[0])
+    for train, key in ((True, "train_size"), (False, "val_size")):
+        available = shape[0] if train else _idx_shape(_find(folder, _SPLIT_FILES[False][0]))[0]
+        wanted = getattr(cfg, key)
+        if wanted is not None and wanted > available:
+            split = "training" if train else "validation"
+            raise ConfigError(
+                f"data.{key}={wanted} is more than data={cfg.name} has ({available} {split} "
+                f"examples); lower data.{key}, or set data.{key}=null to use them all"
+            )
+    return cfg.train_size or shape[0]
 
 
 def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
