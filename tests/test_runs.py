@@ -98,3 +98,37 @@ def test_a_failed_job_does_not_stop_the_sweep(tmp_path):
     failed, done = read_run(tmp_path / "0"), read_run(tmp_path / "1")
     assert failed["status"] == "failed" and done["status"] == "completed"
     assert len(read_rows(tmp_path / "1")) == 1
+
+
+def _snapshot(directory) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("mode", ["run", "sweep"])
+def test_an_explicit_output_dir_that_holds_a_run_is_refused_and_left_as_it_was(tmp_path, mode):
+    """Used twice, hydra.run.dir (or hydra.sweep.dir) would get a second run's rows appended
+    to the first's results.csv; the second start is refused before anything is written."""
+    sweep = ["optim.lr=0.01,0.1", "-m"] if mode == "sweep" else []
+    first = run_train(*QUICK, "train.epochs=1", f"hydra.{mode}.dir={tmp_path}/out", *sweep)
+    assert first.returncode == 0, output(first)
+    before = _snapshot(tmp_path / "out")
+    start = time.monotonic()
+    again = run_train(*QUICK, "train.epochs=1", "optim.lr=0.5", f"hydra.{mode}.dir={tmp_path}/out",
+                      *sweep[1:])
+    assert again.returncode == 2, output(again)
+    assert f"hydra.{mode}.dir={tmp_path}/out already holds run files" in output(again)
+    assert f"give hydra.{mode}.dir a new directory" in output(again)
+    assert "starting" not in output(again) and time.monotonic() - start < 30
+    assert _snapshot(tmp_path / "out") == before  # run.json, results.csv, .hydra/, train.log
+
+
+def test_two_jobs_of_a_sweep_given_one_directory_keep_the_first_and_count_the_second(tmp_path):
+    proc = run_train(*QUICK, "train.epochs=1", "optim.lr=0.01,0.1", f"hydra.sweep.dir={tmp_path}",
+                     "hydra.sweep.subdir=same", "-m")
+    assert proc.returncode == 1, output(proc)
+    text = output(proc)
+    assert f"{tmp_path}/same already holds run files (results.csv, run.json)" in text
+    assert "2 run(s), 1 completed" in text and "optim.lr=0.1 " in text
+    rows, run = read_rows(tmp_path / "same"), read_run(tmp_path / "same")
+    assert [r["lr"] for r in rows] == ["0.01"] and run["status"] == "completed"
+    assert run["config"]["optim"]["lr"] == 0.01

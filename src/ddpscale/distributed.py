@@ -119,6 +119,13 @@ def _slurm_var(env: Mapping[str, str], name: str) -> str | None:
     return next((env[k] for k in _SLURM_VARS[name] if env.get(k)), None)
 
 
+def holds_global_rank0(node_id: int) -> bool:
+    """Whether this process holds global rank 0, the one that writes the run's files: under
+    spawn the job process of node 0, under torchrun or SLURM the process given rank 0."""
+    launcher = detect_launcher()
+    return node_id == 0 if launcher == SPAWN else launched_placement(launcher).is_main
+
+
 def launched_placement(launcher: str, env: Mapping[str, str] = os.environ) -> Placement:
     """This process's placement under torchrun or SLURM (each process is one worker)."""
     if launcher == TORCHRUN:

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from ddpscale import data as data_lib
 from ddpscale import distributed as ddist
 from ddpscale.config import Config, ConfigError, as_dict, to_config, validate, validate_for_device
-from ddpscale.results import RunRecord
+from ddpscale.results import RunRecord, earlier_run, taken_message
 
 log = logging.getLogger("ddpscale")
 
@@ -48,6 +48,7 @@ class Outcome:
     status: str  # completed | failed | interrupted
     error: str | None = None
     exit_code: int = 0
+    recorded: bool = True  # False: refused before writing run.json (the directory's is another run's)
 
     @property
     def ok(self) -> bool:
@@ -70,7 +71,13 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
     """Run one training job to its end and return its outcome; never hangs."""
     launcher = ddist.detect_launcher()
     placement = None if launcher == ddist.SPAWN else ddist.launched_placement(launcher)
-    holds_rank0 = placement.is_main if placement else _node_id(raw_cfg) == 0
+    holds_rank0 = ddist.holds_global_rank0(_node_id(raw_cfg))
+    found = earlier_run(out_dir) if holds_rank0 else []
+    if found:  # two jobs given one directory (sweep.FreshOutputDir catches a reused one sooner)
+        message = taken_message(str(out_dir), found, "give every job its own directory "
+                                "(hydra.run.dir, or a hydra.sweep.subdir with ${hydra.job.num})")
+        log.error("error: %s", message)
+        return Outcome("failed", message, exit_code=2, recorded=False)
     record = RunRecord(out_dir) if holds_rank0 else None
     try:
         cfg = _typed_config(raw_cfg, launcher, placement)

@@ -38,6 +38,17 @@ EXTRA_COLUMNS = [
 COLUMNS = REQUIRED_COLUMNS + EXTRA_COLUMNS
 
 
+def earlier_run(directory: Path) -> list[str]:
+    """The run files already in `directory`; ddpscale never appends to another run's."""
+    return [name for name in (RESULTS_FILE, RUN_FILE) if (Path(directory) / name).exists()]
+
+
+def taken_message(where: str, found: list[str], fix: str) -> str:
+    """Why a run refused to start in a directory that holds another run, and the fix."""
+    return (f"{where} already holds run files ({', '.join(found)}); ddpscale never appends to "
+            f"or overwrites one, so nothing was started. Fix: {fix}")
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 

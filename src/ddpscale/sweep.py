@@ -1,4 +1,4 @@
-"""Output directories and the end-of-sweep summary (Hydra resolver and callback).
+"""Output directories and the end-of-sweep summary (Hydra resolver and callbacks).
 
 Imported by train.py before Hydra composes anything, so that `${ddpscale_dir:...}` in
 conf/config.yaml resolves. Neither touches torch.
@@ -16,6 +16,8 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from ddpscale.results import RESULTS_FILE, RUN_FILE, earlier_run, taken_message
 
 log = logging.getLogger("ddpscale")
 
@@ -63,6 +65,43 @@ def sweep_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+class FreshOutputDir(Callback):
+    """Refuse to start in an explicit hydra.run.dir or hydra.sweep.dir that already holds
+    a run, before Hydra writes anything there: a second run would append its rows to the
+    first's results.csv and replace its .hydra/ files. The default directories are
+    claimed fresh (`claim_dir`) and need no check. Exits 2 with the fix."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_a_used_dir(config, "run")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_a_used_dir(config, "sweep")
+
+
+def refuse_a_used_dir(config: DictConfig, mode: str) -> None:
+    """Exit 2 if hydra.<mode>.dir was given explicitly and holds run files (any depth for a sweep)."""
+    from ddpscale.distributed import holds_global_rank0
+
+    raw = OmegaConf.to_container(config.hydra[mode], resolve=False)["dir"]
+    if "${ddpscale_dir:" in str(raw) or not holds_global_rank0(
+            OmegaConf.select(config, "distributed.node_id", default=0)):
+        return  # a fresh directory by construction, or a process that writes no run files
+    directory = Path(str(OmegaConf.select(config, f"hydra.{mode}.dir")))
+    if mode == "run":
+        found = earlier_run(directory)
+    else:
+        found = sorted(str(p.relative_to(directory)) for name in (RESULTS_FILE, RUN_FILE)
+                       for p in directory.rglob(name))
+    if found:
+        shown = found[:3] + ([f"{len(found) - 3} more"] if len(found) > 3 else [])
+        default = "outputs" if mode == "run" else "multirun"
+        print("error: " + taken_message(
+            f"hydra.{mode}.dir={directory}", shown,
+            f"give hydra.{mode}.dir a new directory, or leave it unset for a fresh "
+            f"{default}/<date>/<time>"), file=sys.stderr)
+        sys.exit(2)
+
+
 class SweepSummary(Callback):
     """At the end of a multirun: list the jobs that did not complete; exit 1 if any.
 
@@ -76,13 +115,14 @@ class SweepSummary(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         out_dir = Path(job_return.hydra_cfg.hydra.runtime.output_dir)
-        if (out_dir / "run.json").exists():
-            return
-        if job_return.status == JobStatus.COMPLETED:
-            outcome = job_return.return_value  # launch.Outcome
+        outcome = job_return.return_value if job_return.status == JobStatus.COMPLETED else None
+        if (out_dir / RUN_FILE).exists() and getattr(outcome, "recorded", True):
+            return  # counted from its run.json (unless that is another job's: recorded=False)
+        if outcome is not None:  # launch.Outcome
             status, error = getattr(outcome, "status", "completed"), getattr(outcome, "error", None)
         else:
-            status, error = "failed", str(job_return._return_value)  # the exception it raised
+            # the exception it raised (the public return_value would re-raise it)
+            status, error = "failed", str(job_return._return_value)
         self.unrecorded.append({"dir": str(out_dir), "status": status, "error": error,
                                 "overrides": list(job_return.overrides or [])})
 
