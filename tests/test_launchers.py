@@ -90,6 +90,16 @@ def test_a_one_task_submitit_job_spawns_its_worker(tmp_path):
     assert run["status"] == "completed" and run["launcher"] == "spawn" and run["world_size"] == 1
 
 
+def test_several_nodes_on_the_local_submitit_launcher_are_refused_in_one_line(tmp_path):
+    proc = run_train(*QUICK, "distributed.num_nodes=1,2", "distributed.master_addr=127.0.0.1",
+                     "distributed.master_port=29555", "hydra/launcher=slurm_local",
+                     f"hydra.sweep.dir={tmp_path}", "-m", timeout=60)
+    assert proc.returncode == 2, output(proc)
+    assert "slurm_local runs every job on this machine, but a job asks for distributed.num_nodes=2" in output(proc)
+    assert "Traceback" not in output(proc)
+    assert not list(tmp_path.rglob("run.json")), "nothing was started, not even the one-node job"
+
+
 def test_torchrun_two_nodes_over_loopback(tmp_path):
     port = free_port()
     nodes = [

@@ -12,6 +12,7 @@ submitted before any result is awaited. (Hydra only loads launchers from the
 from __future__ import annotations
 
 import logging
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,6 +36,12 @@ class _ShapedLauncher(BaseSubmititLauncher):
             shape = (int(cfg.distributed.num_nodes), int(cfg.distributed.num_gpus))
             groups[shape].append((initial_job_idx + offset, list(overrides)))
 
+        if self._EXECUTOR == "local" and any(nodes > 1 for nodes, _ in groups):
+            nodes = max(nodes for nodes, _ in groups)
+            print(f"error: hydra/launcher=slurm_local runs every job on this machine, but a job asks "
+                  f"for distributed.num_nodes={nodes}; use distributed.num_nodes=1 here, or "
+                  "hydra/launcher=slurm on a cluster (nothing was started)", file=sys.stderr)
+            sys.exit(2)  # like a config error; Hydra would print its own traceback for an exception
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("Submitit '%s' sweep output dir : %s", self._EXECUTOR, sweep_dir)
