@@ -122,6 +122,15 @@ def test_an_explicit_output_dir_that_holds_a_run_is_refused_and_left_as_it_was(t
     assert _snapshot(tmp_path / "out") == before  # run.json, results.csv, .hydra/, train.log
 
 
+def test_a_run_that_failed_before_any_epoch_leaves_its_directory_free(tmp_path):
+    """Fixing a typo and running again into the same hydra.run.dir just works."""
+    typo = run_train(*QUICK, "optim.lr=0", f"hydra.run.dir={tmp_path}")
+    assert typo.returncode == 2 and read_run(tmp_path)["status"] == "failed"
+    fixed = run_train(*QUICK, "train.epochs=1", "optim.lr=0.1", f"hydra.run.dir={tmp_path}")
+    assert fixed.returncode == 0, output(fixed)
+    assert read_run(tmp_path)["status"] == "completed" and len(read_rows(tmp_path)) == 1
+
+
 def test_two_jobs_of_a_sweep_given_one_directory_keep_the_first_and_count_the_second(tmp_path):
     proc = run_train(*QUICK, "train.epochs=1", "optim.lr=0.01,0.1", f"hydra.sweep.dir={tmp_path}",
                      "hydra.sweep.subdir=same", "-m")

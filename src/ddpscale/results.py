@@ -39,8 +39,14 @@ COLUMNS = REQUIRED_COLUMNS + EXTRA_COLUMNS
 
 
 def earlier_run(directory: Path) -> list[str]:
-    """The run files already in `directory`; ddpscale never appends to another run's."""
-    return [name for name in (RESULTS_FILE, RUN_FILE) if (Path(directory) / name).exists()]
+    """The files that show another run owns `directory`: results, or the run.json of a run
+    still running or finished. A run that failed or was interrupted before any epoch
+    ended leaves only its record (a typo's, say), which the next run may replace."""
+    directory = Path(directory)
+    present = [name for name in (RESULTS_FILE, RUN_FILE) if (directory / name).exists()]
+    if present == [RUN_FILE] and RunRecord(directory).read().get("status") in ("failed", "interrupted"):
+        return []
+    return present
 
 
 def taken_message(where: str, found: list[str], fix: str) -> str:

@@ -90,8 +90,8 @@ def refuse_a_used_dir(config: DictConfig, mode: str) -> None:
     if mode == "run":
         found = earlier_run(directory)
     else:
-        found = sorted(str(p.relative_to(directory)) for name in (RESULTS_FILE, RUN_FILE)
-                       for p in directory.rglob(name))
+        runs = {p.parent for name in (RESULTS_FILE, RUN_FILE) for p in directory.rglob(name)}
+        found = [str((run / name).relative_to(directory)) for run in sorted(runs) for name in earlier_run(run)]
     if found:
         shown = found[:3] + ([f"{len(found) - 3} more"] if len(found) > 3 else [])
         default = "outputs" if mode == "run" else "multirun"
