@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -141,3 +142,15 @@ def test_two_jobs_of_a_sweep_given_one_directory_keep_the_first_and_count_the_se
     rows, run = read_rows(tmp_path / "same"), read_run(tmp_path / "same")
     assert [r["lr"] for r in rows] == ["0.01"] and run["status"] == "completed"
     assert run["config"]["optim"]["lr"] == 0.01
+
+
+def test_more_cpu_workers_than_cores_get_a_notice_and_still_train(tmp_path):
+    """On a 2-core laptop num_gpus=4 works, but its figures say nothing about scaling."""
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *QUICK, "train.epochs=1",
+                           "distributed.num_gpus=2", f"hydra.run.dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    assert proc.returncode == 0, output(proc)
+    assert ("notice: 2 CPU workers share 1 core(s) here; past 1 worker(s) more cannot raise "
+            "throughput") in output(proc)
+    assert read_run(tmp_path)["status"] == "completed"

@@ -269,10 +269,15 @@ def cpu_threads(local_world_size: int, requested: int | None = None, task_cpus: 
     """
     if requested:
         return requested
-    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) or 1
+    cores = usable_cores()
     if task_cpus and cores <= task_cpus:
         return cores
     return max(1, cores // local_world_size)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) or 1
 
 
 def slurm_task_cpus(env: Mapping[str, str] = os.environ) -> int | None:

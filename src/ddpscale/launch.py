@@ -88,6 +88,11 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
         device, backend = ddist.resolve_device(cfg.distributed, notice=log.info if holds_rank0 else _quiet)
         validate_for_device(cfg, device)
         d = cfg.distributed
+        if launcher == ddist.SPAWN and device == "cpu" and holds_rank0 and d.num_gpus > ddist.usable_cores():
+            cores = ddist.usable_cores()
+            log.info("notice: %d CPU workers share %d core(s) here; past %d worker(s) more cannot "
+                     "raise throughput, so a scaling study on this machine should stop at "
+                     "distributed.num_gpus=%d", d.num_gpus, cores, cores, cores)
         comm_hook = ddist.resolve_comm_hook(d.comm_hook, device, _world(cfg), d.num_nodes)
         if record:
             record.update(grad_allreduce=comm_hook)
