@@ -271,8 +271,8 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
             problems.append(f"{path} is not a config key ({hint}valid here: {', '.join(known)}); "
                             f"fix the name in the +{path}... override or drop it")
             continue
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+        child = None if OmegaConf.is_missing(node, key) else node[key]
+        if isinstance(child, DictConfig):
             problems += unknown_keys(child, f"{path}.")
     return problems
 

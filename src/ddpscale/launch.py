@@ -88,8 +88,8 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
         device, backend = ddist.resolve_device(cfg.distributed, notice=log.info if holds_rank0 else _quiet)
         validate_for_device(cfg, device)
         d = cfg.distributed
-        if launcher == ddist.SPAWN and device == "cpu" and holds_rank0 and d.num_gpus > ddist.usable_cores():
-            cores = ddist.usable_cores()
+        cores = ddist.usable_cores()
+        if launcher == ddist.SPAWN and device == "cpu" and holds_rank0 and d.num_gpus > cores:
             log.info("notice: %d CPU workers share %d core(s) here; past %d worker(s) more cannot "
                      "raise throughput, so a scaling study on this machine should stop at "
                      "distributed.num_gpus=%d", d.num_gpus, cores, cores, cores)
