@@ -47,7 +47,10 @@ assert set(REQUIRED) == {*STRING_SETTINGS, *NUMERIC_SETTINGS, *METRICS}
 
 # Optional columns that also tell runs apart when present (a bf16 run is not a
 # repeat of an fp32 run), so they join the settings used for grouping.
-EXTRA_SETTINGS = ("precision", "data_loader", "launcher", "comm_hook", "grad_accum_steps")
+# (Not launcher: how a run was started is no setting. A SLURM sweep starts its 1-GPU job as
+# one task that spawns its worker and its 4-GPU job as 4 tasks: one experiment, whose
+# scaling groups must not split there. The runs table shows it beside the hostname.)
+EXTRA_SETTINGS = ("precision", "data_loader", "comm_hook", "grad_accum_steps")
 # Optional numeric columns; a bad value there becomes NaN instead of a problem.
 EXTRA_NUMERIC = ("step_time_p50_s", "step_time_p90_s", "grad_sync_share", "eval_time_s")
 
@@ -65,7 +68,6 @@ SETTINGS_ORDER = (
     "data_loader",
     "backend",
     "device",
-    "launcher",
     "comm_hook",
     "grad_accum_steps",
     "lr",

@@ -47,6 +47,7 @@ def run_rows(
     grad_sync_share=None,
     epochs=None,
     grad_accum_steps=1,
+    launcher="spawn",
 ):
     """One dict per epoch; each epoch takes IMAGES_PER_EPOCH / images_per_sec seconds."""
     n = len(images_per_sec)
@@ -80,7 +81,7 @@ def run_rows(
                 "images_per_sec": ips,
                 "warmup": i == 1,
                 "grad_sync_share": "" if grad_sync_share is None else grad_sync_share,
-                "launcher": "spawn",
+                "launcher": launcher,
                 "grad_accum_steps": grad_accum_steps,  # written only when `columns` has it
             }
         )
@@ -127,7 +128,7 @@ def write_run_json(directory, status="completed", error=None, rows=None, config=
         },
         "world_size": first.get("world_size", 1),
         "hostname": "node0",
-        "launcher": "spawn",
+        "launcher": first.get("launcher", "spawn"),
         **extra,
     }
     for group, fields in (config or {}).items():

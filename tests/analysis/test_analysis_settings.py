@@ -112,6 +112,20 @@ def test_runs_that_differ_only_in_seed_and_start_up_keys_aggregate(tmp_path):
     assert not [c for c in analysis.runs.columns if "." in c]
 
 
+def test_how_a_run_was_started_does_not_split_a_scaling_group(tmp_path):
+    # A SLURM sweep of num_gpus=1,2: the one-task job spawns its worker itself (launcher
+    # spawn), the two-task job's tasks are the workers (launcher slurm). One experiment.
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for world_size, launcher, throughput in [(1, "spawn", 1000.0), (2, "slurm", 1800.0)]:
+        write_run(f"ws{world_size}", world_size=world_size, launcher=launcher,
+                  images_per_sec=(throughput,) * 3)
+    analysis = analyse([sweep_dir])
+    table = weak(analysis.scaling)
+    assert table.group.nunique() == 1
+    assert table.speedup.tolist() == [1.0, 1.8] and table.baseline_world_size.tolist() == [1, 1]
+    assert analysis.runs.launcher.tolist() == ["spawn", "slurm"], "still shown per run"
+
+
 def test_a_key_that_only_follows_a_setting_is_no_column(tmp_path):
     # adamw's default weight decay is not sgd's, and only sgd has momentum: the optimizer
     # column already tells these runs apart.
