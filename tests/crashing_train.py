@@ -3,8 +3,8 @@
 Spawned workers import this file as their main module, so the extra model exists in
 them too. It shows how a model plugs into the registry, and lets tests crash one worker
 of a real run. Environment: CRASH_RANK (default 1), CRASH_EPOCH (default 1; after the
-first step of that epoch), CRASH_HOW=raise|sigkill|sleep (sleep: hang in forward, for
-signal tests).
+first step of that epoch), CRASH_HOW=raise|sigkill|stubborn (stubborn: ignore SIGINT and
+SIGTERM and hang in forward, writing its pid to CRASH_PID_FILE: a worker slow to stop).
 """
 
 import os
@@ -34,7 +34,9 @@ class CrashingCNN(CNN):
             how = os.environ.get("CRASH_HOW", "raise")
             if how == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            if how == "sleep":
+            if how == "stubborn":
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 Path(os.environ["CRASH_PID_FILE"]).write_text(str(os.getpid()))
                 time.sleep(3600)
             raise RuntimeError(f"injected failure on rank {rank}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -194,13 +195,70 @@ def test_sigterm_and_ctrl_c_stop_the_workers_and_mark_the_run_interrupted(tmp_pa
         os.killpg(proc.pid, sig)  # Ctrl-C reaches the whole foreground process group
     else:
         os.kill(proc.pid, sig)
-    proc.communicate(timeout=60)
+    log = proc.communicate(timeout=60)[0]
     assert proc.returncode == code
+    assert "leaked semaphore" not in log, "workers ended by SIGTERM leave nothing behind"
     run = read_run(tmp_path)
     assert run["status"] == "interrupted" and signal.Signals(sig).name in run["error"]
     assert len(read_rows(tmp_path)) >= 2, "finished epochs are kept"
     time.sleep(1)
     assert not _alive(family)
+
+
+def test_a_second_signal_while_stopping_waits_until_the_run_is_recorded(tmp_path):
+    # One worker ignores SIGTERM, so stopping takes the whole 10 s before SIGKILL; an
+    # impatient second signal in that time must not kill the job process and leave
+    # run.json saying "running" (which also locks the directory).
+    pid_file = tmp_path / "stubborn.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "tests/crashing_train.py", *QUICK, "model.name=crashing_cnn",
+         "distributed.num_gpus=2", "train.sync_probe_steps=0", f"hydra.run.dir={tmp_path}/run"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "CRASH_HOW": "stubborn", "CRASH_PID_FILE": str(pid_file)},
+    )
+    deadline = time.monotonic() + 120
+    while not pid_file.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.2)
+    family = _descendants(proc.pid)
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(2)
+    assert proc.poll() is None, "still waiting for the stubborn worker"
+    os.kill(proc.pid, signal.SIGTERM)
+    log = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 143, log
+    assert "already stopping" in log and "leaked semaphore" not in log
+    run = read_run(tmp_path / "run")
+    assert run["status"] == "interrupted" and "SIGTERM" in run["error"]
+    time.sleep(1)
+    assert not _alive(family), "the stubborn worker was killed"
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_before_the_workers_start_marks_the_run_interrupted(tmp_path, sig, code):
+    # A download that never answers (a proxy that accepts and stays silent) holds the
+    # job before any worker starts, as a slow network or a hung file system would.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        proxy = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        proc = subprocess.Popen(
+            [sys.executable, "train.py", *QUICK, "data=fashion_mnist", f"data.root={tmp_path}/data",
+             "data.train_size=null", "data.val_size=null", f"hydra.run.dir={tmp_path}/run"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, "http_proxy": proxy, "https_proxy": proxy, "no_proxy": ""},
+        )
+        deadline = time.monotonic() + 60
+        job_log = tmp_path / "run" / "train.log"
+        while not (job_log.exists() and "downloading" in job_log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.2)
+        os.killpg(proc.pid, sig)
+        log = proc.communicate(timeout=30)[0]
+    assert proc.returncode == code, log
+    assert "Traceback" not in log
+    run = read_run(tmp_path / "run")
+    assert run["status"] == "interrupted" and signal.Signals(sig).name in run["error"]
 
 
 def test_two_sweeps_started_together_both_complete_in_their_own_dirs(tmp_path):

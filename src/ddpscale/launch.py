@@ -33,8 +33,9 @@ log = logging.getLogger("ddpscale")
 WorkerFn = Callable[[ddist.WorkerContext, Config, Path], dict[str, Any]]
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM reached the run."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached the run. A BaseException, like KeyboardInterrupt, so that
+    no `except Exception` on the way (a download's retry, say) mistakes it for a failure."""
 
     def __init__(self, signum: int):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
@@ -68,58 +69,80 @@ class Plan:
 
 
 def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]) -> Outcome:
-    """Run one training job to its end and return its outcome; never hangs."""
+    """Run one training job to its end and return its outcome; never hangs.
+
+    SIGINT/SIGTERM at any point, from the first line to the last record, stop the run
+    and mark it interrupted; one arriving while the run is being wound up (workers
+    ending, run.json being written) waits until that is done, and then ends the process."""
+    with _STOP_SIGNALS:
+        outcome = _run_job(raw_cfg, worker, out_dir, overrides)
+    signum = _STOP_SIGNALS.received
+    if signum is not None:  # interrupted, or a signal came while winding up: stop the sweep too
+        raise SystemExit(128 + signum)
+    return outcome
+
+
+def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]) -> Outcome:
     launcher = ddist.detect_launcher()
-    placement = None if launcher == ddist.SPAWN else ddist.launched_placement(launcher)
-    holds_rank0 = ddist.holds_global_rank0(_node_id(raw_cfg))
-    found = earlier_run(out_dir) if holds_rank0 else []
-    if found:  # two jobs given one directory (sweep.FreshOutputDir catches a reused one sooner)
-        message = taken_message(str(out_dir), found, "give every job its own directory "
-                                "(hydra.run.dir, or a hydra.sweep.subdir with ${hydra.job.num})")
-        log.error("error: %s", message)
-        return Outcome("failed", message, exit_code=2, recorded=False)
-    record = RunRecord(out_dir) if holds_rank0 else None
+    record = None
     try:
-        cfg = _typed_config(raw_cfg, launcher, placement)
+        placement = None if launcher == ddist.SPAWN else ddist.launched_placement(launcher)
+        holds_rank0 = ddist.holds_global_rank0(_node_id(raw_cfg))
+        found = earlier_run(out_dir) if holds_rank0 else []
+        if found:  # two jobs given one directory (sweep.FreshOutputDir catches a reused one sooner)
+            message = taken_message(str(out_dir), found, "give every job its own directory "
+                                    "(hydra.run.dir, or a hydra.sweep.subdir with ${hydra.job.num})")
+            log.error("error: %s", message)
+            return Outcome("failed", message, exit_code=2, recorded=False)
+        record = RunRecord(out_dir) if holds_rank0 else None
+        try:
+            summary = _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0, record)
+        finally:
+            if placement and not placement.is_main and out_dir.name.startswith("ddpscale-rank"):
+                shutil.rmtree(out_dir, ignore_errors=True)  # a non-zero rank's scratch directory
+        _STOP_SIGNALS.wind_up()
         if record:
-            record.start(overrides=overrides, config=as_dict(cfg), launcher=launcher,
-                         output_dir=str(out_dir), world_size=_world(cfg))
-        validate(cfg)
-        device, backend = ddist.resolve_device(cfg.distributed, notice=log.info if holds_rank0 else _quiet)
-        validate_for_device(cfg, device)
-        d = cfg.distributed
-        cores = ddist.usable_cores()
-        if launcher == ddist.SPAWN and device == "cpu" and holds_rank0 and d.num_gpus > cores:
-            log.info("notice: %d CPU workers share %d core(s) here; past %d worker(s) more cannot "
-                     "raise throughput, so a scaling study on this machine should stop at "
-                     "distributed.num_gpus=%d", d.num_gpus, cores, cores, cores)
-        comm_hook = ddist.resolve_comm_hook(d.comm_hook, device, _world(cfg), d.num_nodes)
-        if record:
-            record.update(grad_allreduce=comm_hook)
-        if launcher == ddist.SPAWN:
-            data_lib.prepare(cfg.data, _world(cfg))
-            summary = _spawn(cfg, worker, out_dir, device, backend)
-        else:
-            summary = _in_place(cfg, worker, out_dir, device, backend, launcher, placement)
+            record.update(**summary)
+        return _finish(record, Outcome("completed"))
     except ConfigError as err:
+        _STOP_SIGNALS.wind_up()
         log.error("error: %s", err)
         return _finish(record, Outcome("failed", str(err), exit_code=2))
-    except Interrupted as err:
-        log.error("run interrupted (%s); finished epochs are kept in %s", err, out_dir)
-        _finish(record, Outcome("interrupted", str(err), exit_code=128 + err.signum))
-        raise SystemExit(128 + err.signum)
+    except Interrupted as err:  # from here on, later signals wait (_STOP_SIGNALS)
+        kept = f"; finished epochs are kept in {out_dir}" if (out_dir / "results.csv").exists() else ""
+        log.error("run interrupted (%s)%s", err, kept)
+        return _finish(record, Outcome("interrupted", str(err), exit_code=128 + err.signum))
     except Exception as err:  # a worker failed: record why, let the sweep go on
+        _STOP_SIGNALS.wind_up()
         message = _failure_message(err)
         log.error("run failed: %s", message)
         if record:
             record.update(traceback=_traceback_text(err))
         return _finish(record, Outcome("failed", message, exit_code=1))
-    finally:
-        if placement and not placement.is_main and out_dir.name.startswith("ddpscale-rank"):
-            shutil.rmtree(out_dir, ignore_errors=True)  # a non-zero rank's scratch directory
+
+
+def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0, record) -> dict:
+    """Type and check the config, record the run's start, run the workers; their summary."""
+    cfg = _typed_config(raw_cfg, launcher, placement)
     if record:
-        record.update(**summary)
-    return _finish(record, Outcome("completed"))
+        record.start(overrides=overrides, config=as_dict(cfg), launcher=launcher,
+                     output_dir=str(out_dir), world_size=_world(cfg))
+    validate(cfg)
+    device, backend = ddist.resolve_device(cfg.distributed, notice=log.info if holds_rank0 else _quiet)
+    validate_for_device(cfg, device)
+    d = cfg.distributed
+    cores = ddist.usable_cores()
+    if launcher == ddist.SPAWN and device == "cpu" and holds_rank0 and d.num_gpus > cores:
+        log.info("notice: %d CPU workers share %d core(s) here; past %d worker(s) more cannot "
+                 "raise throughput, so a scaling study on this machine should stop at "
+                 "distributed.num_gpus=%d", d.num_gpus, cores, cores, cores)
+    comm_hook = ddist.resolve_comm_hook(d.comm_hook, device, _world(cfg), d.num_nodes)
+    if record:
+        record.update(grad_allreduce=comm_hook)
+    if launcher == ddist.SPAWN:
+        data_lib.prepare(cfg.data, _world(cfg))
+        return _spawn(cfg, worker, out_dir, device, backend)
+    return _in_place(cfg, worker, out_dir, device, backend, launcher, placement)
 
 
 def _quiet(*_args: Any) -> None:
@@ -185,15 +208,15 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
     context = mp.start_processes(_spawn_entry, args=(plan, worker, str(summary_file)),
                                  nprocs=d.num_gpus, join=False, start_method="spawn")
     try:
-        with _signals_raise_interrupted():
-            # Short waits keep this process responsive to signals; when one worker dies,
+        # Short waits keep this process responsive to signals; when one worker dies,
             # join() gives the others a second to end on their own (one blocked in gloo
             # does; one waiting in the shared-memory all-reduce cannot tell), terminates
             # them and raises with the cause.
-            while not context.join(timeout=0.5, grace_period=1):
-                pass
+        while not context.join(timeout=0.5, grace_period=1):
+            pass
         return torch.load(summary_file) if summary_file.stat().st_size else {}
     finally:
+        _STOP_SIGNALS.wind_up()  # a signal now must not cut short the ending of the workers
         end_processes(context)
         summary_file.unlink(missing_ok=True)
         del store
@@ -225,18 +248,37 @@ def end_processes(context: mp.ProcessContext) -> None:
         Path(path).unlink(missing_ok=True)
 
 
-class _signals_raise_interrupted:
-    """Turn SIGINT/SIGTERM into `Interrupted` for the duration of the block."""
+class _StopSignals:
+    """While a job runs, the first SIGINT/SIGTERM raises `Interrupted`. Once the job is being
+    wound up (after that signal, or after the workers ended), further signals are only
+    remembered: a second Ctrl-C must not leave workers running or run.json saying
+    "running", and `run_job` exits with the signal's code once the record is written."""
 
-    def __enter__(self):
-        def handler(signum, _frame):
-            raise Interrupted(signum)
+    def __enter__(self) -> None:
+        self.received: int | None = None
+        self.winding_up = False
+        self.saved = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
-        self.saved = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         for s, previous in self.saved.items():
             signal.signal(s, previous)
+
+    def wind_up(self) -> None:
+        """From now on a signal no longer interrupts what this process is doing."""
+        self.winding_up = True
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        first = self.received is None
+        self.received = signum if first else self.received
+        if self.winding_up or not first:
+            log.warning("%s: already stopping; ending the workers and recording the run first",
+                        signal.Signals(signum).name)
+            return
+        self.winding_up = True
+        raise Interrupted(signum)
+
+
+_STOP_SIGNALS = _StopSignals()
 
 
 # --------------------------------------------------------------------------- torchrun / slurm
@@ -246,8 +288,7 @@ def _in_place(cfg, worker, out_dir, device, backend, launcher, placement) -> dic
     # torchrun's agent hosts the store (env://); under SLURM global rank 0 hosts it.
     rendezvous = None if launcher == ddist.TORCHRUN else ddist.slurm_rendezvous(cfg.distributed)
     plan = Plan(cfg, str(out_dir), device, backend, launcher, rendezvous)
-    with _signals_raise_interrupted():
-        return _run_worker(placement, plan, worker, hosts_store=placement.is_main)
+    return _run_worker(placement, plan, worker, hosts_store=placement.is_main)
 
 
 # --------------------------------------------------------------------------- every worker

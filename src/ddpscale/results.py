@@ -14,6 +14,7 @@ import platform
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -178,6 +179,10 @@ class Reporter:
             return iterable
         from tqdm import tqdm
 
+        # tqdm's default lock includes a multiprocessing one, a named semaphore that a
+        # worker ended by SIGTERM (an interrupted run) never releases: "leaked semaphore
+        # objects" at exit. Only this process draws bars, so a thread lock is enough.
+        tqdm.set_lock(threading.RLock())
         # disable=None: a bar on a terminal, nothing in log files and CI output
         return tqdm(iterable, total=total, desc=desc, unit="batch", leave=False, disable=None)
 
