@@ -116,6 +116,9 @@ def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
     (["data.batch_size=0"], "data.batch_size=0 must be >= 1"),
     (["optim.lr=0"], "optim.lr=0.0 must be > 0"),
     (["optim.lr=-0.1"], "optim.lr=-0.1 must be > 0"),
+    (["optim.lr=inf"], "optim.lr=inf must be a finite number"),
+    (["data.mean=nan"], "data.mean=nan must be a finite number"),
+    (["distributed.timeout_s=inf"], "distributed.timeout_s=inf must be a finite number"),
     (["train.epochs=0"], "train.epochs=0 must be >= 1"),
     (["distributed.num_nodes=2", "distributed.node_id=2"], "node_id=2 but distributed.num_nodes=2"),
     (["distributed.num_nodes=2", "distributed.node_id=1"], "needs distributed.master_addr"),
@@ -145,6 +148,10 @@ def test_bad_values_name_the_key(overrides, error):
     (["+trian.epochs=1"], "trian is not a config key (did you mean train?"),
     (["distributed.num_nodes=2", "distributed.node_id=3"], "distributed.node_id=3"),
     (["distributed.num_nodes=2", "distributed.node_id=1"], "distributed.master_addr"),
+    # an unknown host fails here, not after distributed.timeout_s (60 s in QUICK, 300 by default)
+    *[(["distributed.num_nodes=2", f"distributed.node_id={n}", "distributed.master_addr=badhost.invalid",
+        "distributed.master_port=29999"], "distributed.master_addr='badhost.invalid' does not resolve")
+      for n in (0, 1)],
     (["distributed.backend=nccl", "distributed.device=cpu"], "distributed.backend=nccl needs CUDA"),
     (["distributed.device=cuda"], "CUDA devices are visible"),
     (["distributed.num_gpus=2", "data.batch_size=512", "data.drop_last=true"],

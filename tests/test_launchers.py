@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train
-from ddpscale.distributed import cpu_threads, detect_launcher, free_port, slurm_task_cpus
+from ddpscale.config import ConfigError
+from ddpscale.distributed import check_master_addr, cpu_threads, detect_launcher, free_port, slurm_task_cpus
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -44,6 +45,16 @@ def test_a_slurm_task_bound_to_its_own_cores_keeps_them_all():
     if cores > 1:
         assert cpu_threads(2, task_cpus=cores - 1) == cores // 2  # not bound: share
     assert slurm_task_cpus({"SLURM_CPUS_PER_TASK": "8"}) == 8 and slurm_task_cpus({}) is None
+
+
+def test_the_rendezvous_host_is_checked_before_anything_waits_for_it(caplog):
+    with pytest.raises(ConfigError, match="master_addr='badhost.invalid' does not resolve"):
+        check_master_addr("badhost.invalid", hosts_store=False)
+    check_master_addr("127.0.0.1", hosts_store=True)
+    check_master_addr("192.0.2.7", hosts_store=False)  # a documentation address: another node's
+    assert not caplog.records
+    check_master_addr("192.0.2.7", hosts_store=True)  # node 0 told to be a host it is not
+    assert "master_addr='192.0.2.7' (192.0.2.7) is not an address of this machine" in caplog.text
 
 
 def run_dirs(root: Path) -> list[Path]:

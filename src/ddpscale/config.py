@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -297,6 +298,7 @@ _CHOICES = {
 def validate(cfg: Config) -> None:
     """Check ranges and combinations that types cannot express; raise ConfigError."""
     d, data, optim, train = cfg.distributed, cfg.data, cfg.optim, cfg.train
+    _finite(cfg)
     _at_least("distributed.num_gpus", d.num_gpus, 1, "worker processes per node")
     _at_least("distributed.num_nodes", d.num_nodes, 1, "nodes")
     if not 0 <= d.node_id < d.num_nodes:
@@ -384,6 +386,17 @@ def _validate_model(model: ModelConfig, data: DataConfig) -> None:
 def _at_least(key: str, value: int, low: int, what: str) -> None:
     if value < low:
         raise ConfigError(f"{key}={value} must be >= {low} ({what})")
+
+
+def _finite(node: Any, prefix: str = "") -> None:
+    """No float key takes inf or nan (the command line accepts both): optim.lr=inf would
+    train to a nan loss, distributed.timeout_s=inf would crash the rendezvous."""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _finite(value, f"{key}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value} must be a finite number")
 
 
 def _positive(key: str, value: float) -> None:

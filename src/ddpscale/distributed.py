@@ -361,6 +361,36 @@ def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -
 # --------------------------------------------------------------------------- rendezvous
 
 
+def check_master_addr(addr: str, hosts_store: bool) -> None:
+    """Fail at once, naming the key, on a rendezvous host that does not resolve here (it
+    would otherwise wait out distributed.timeout_s, 5 minutes); where this process hosts
+    the store, warn when the host is not this machine's."""
+    here = socket.gethostname()
+    try:
+        found = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        reason = err.strerror if isinstance(err, socket.gaierror) else str(err)
+        raise ConfigError(
+            f"distributed.master_addr={addr!r} does not resolve on {here} ({reason}); set it to "
+            "node 0's host name or IP address, the same on every node"
+        ) from err
+    if hosts_store and not any(_can_bind(family, sockaddr[0]) for family, *_, sockaddr in found):
+        # Not an error: behind NAT node 0 can be reached at an address it does not own.
+        ips = ", ".join(sorted({sockaddr[0] for *_, sockaddr in found}))
+        log.warning("warning: distributed.master_addr=%r (%s) is not an address of this machine "
+                    "(%s), which hosts the rendezvous as node 0; the other nodes will wait "
+                    "distributed.timeout_s for it unless that address leads here", addr, ips, here)
+
+
+def _can_bind(family: int, ip: str) -> bool:
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((ip, 0))
+            return True
+        except OSError:
+            return False
+
+
 def host_store(addr: str, port: int | None, world_size: int, timeout_s: float) -> dist.TCPStore:
     """Start the rendezvous store in the job process of node 0; port None picks a free one."""
     try:
@@ -373,8 +403,9 @@ def host_store(addr: str, port: int | None, world_size: int, timeout_s: float) -
             wait_for_workers=False,
         )
     except Exception as err:  # the port is taken or the address is not ours
+        where = f"{addr}:{port}" if port else f"{addr} (a free port)"
         raise ConfigError(
-            f"cannot listen for the rendezvous on {addr}:{port}: {err}; "
+            f"cannot listen for the rendezvous on {where}: {str(err).splitlines()[0]}; "
             "choose another distributed.master_port (or unset it on one node)"
         ) from err
 

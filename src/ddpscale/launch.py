@@ -197,6 +197,7 @@ def _original_path(path: str) -> str:
 def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: str) -> dict:
     d = cfg.distributed
     addr = d.master_addr or "127.0.0.1"
+    ddist.check_master_addr(addr, hosts_store=d.node_id == 0)
     # Node 0 hosts the store itself, on a port the OS picks when none is given: nobody can
     # take the port between choosing it and the workers using it.
     store = ddist.host_store(addr, d.master_port, _world(cfg), d.timeout_s) if d.node_id == 0 else None
@@ -287,6 +288,8 @@ _STOP_SIGNALS = _StopSignals()
 def _in_place(cfg, worker, out_dir, device, backend, launcher, placement) -> dict:
     # torchrun's agent hosts the store (env://); under SLURM global rank 0 hosts it.
     rendezvous = None if launcher == ddist.TORCHRUN else ddist.slurm_rendezvous(cfg.distributed)
+    if rendezvous is not None:
+        ddist.check_master_addr(rendezvous.addr, hosts_store=placement.is_main)
     plan = Plan(cfg, str(out_dir), device, backend, launcher, rendezvous)
     return _run_worker(placement, plan, worker, hosts_store=placement.is_main)
 
