@@ -71,6 +71,24 @@ def test_memory_and_dataloader_paths_give_the_same_shards(tmp_path):
         assert [r[epoch] for r in memory] == [r[epoch] for r in loader]
 
 
+@pytest.mark.parametrize("name", ["synthetic", "fashion_mnist"])
+def test_memory_and_dataloader_paths_serve_the_same_normalised_images(name):
+    # Float (synthetic) images and uint8 ones, with a mean and std of the user's own.
+    root = fashion_mnist_root()
+    if name == "fashion_mnist" and root is None:
+        pytest.skip("Fashion-MNIST is not on this machine")
+    batches = {}
+    for loader in ("memory", "dataloader"):
+        cfg = DataConfig(name=name, root=str(root), train_size=40, val_size=8, batch_size=8,
+                         loader=loader, mean=0.5, std=2.0, noise=1.0, seed=3)
+        bundle = build_data(cfg, rank=0, world_size=1, seed=0, device=torch.device("cpu"))
+        bundle.train.set_epoch(1)
+        batches[loader] = next(iter(bundle.train))
+    (x_mem, y_mem), (x_dl, y_dl) = batches["memory"], batches["dataloader"]
+    assert torch.equal(y_mem, y_dl)
+    torch.testing.assert_close(x_mem, x_dl, rtol=0, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_two_worker_run_writes_results_and_keeps_replicas_identical(tmp_path):
     proc = run_train(*QUICK, "distributed.num_gpus=2", f"hydra.run.dir={tmp_path}")

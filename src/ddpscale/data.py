@@ -276,7 +276,7 @@ class ImageDataset(Dataset):
     def __init__(self, split: Split, cfg: DataConfig):
         import torchvision.transforms as T
 
-        self.split = split
+        self.split, self.mean, self.std = split, cfg.mean, cfg.std
         self.transform = T.Compose([T.ToTensor(), T.Normalize((cfg.mean,) * cfg.channels, (cfg.std,) * cfg.channels)])
 
     def __len__(self) -> int:
@@ -286,8 +286,8 @@ class ImageDataset(Dataset):
         from PIL import Image
 
         image = self.split.images[i]
-        if image.dtype != torch.uint8:  # synthetic data is already float and normalised
-            return image, int(self.split.labels[i])
+        if image.dtype != torch.uint8:  # synthetic data: float already, as `normalised` takes it
+            return (image - self.mean) / self.std, int(self.split.labels[i])
         pil = Image.fromarray(image.squeeze(0).numpy(), mode="L")
         return self.transform(pil), int(self.split.labels[i])
 
