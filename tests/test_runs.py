@@ -154,3 +154,16 @@ def test_more_cpu_workers_than_cores_get_a_notice_and_still_train(tmp_path):
     assert ("notice: 2 CPU workers share 1 core(s) here; past 1 worker(s) more cannot raise "
             "throughput") in output(proc)
     assert read_run(tmp_path)["status"] == "completed"
+    assert "train.threads" not in output(proc) and "data.num_workers" not in output(proc)
+
+
+def test_settings_that_cannot_work_as_they_seem_get_a_notice_and_still_train(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *QUICK, "train.epochs=1",
+                           "train.threads=2", "data.num_workers=2", f"hydra.run.dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    assert proc.returncode == 0, output(proc)
+    assert ("notice: train.threads=2 x 1 worker(s) is 2 threads on 1 core(s): they take turns"
+            in output(proc))
+    assert "notice: data.num_workers=2 is unused with data.loader=memory" in output(proc)
+    assert read_run(tmp_path)["status"] == "completed"

@@ -130,12 +130,9 @@ def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0
     validate(cfg)
     device, backend = ddist.resolve_device(cfg.distributed, notice=log.info if holds_rank0 else _quiet)
     validate_for_device(cfg, device)
+    if holds_rank0:
+        _notices(cfg, device, launcher)
     d = cfg.distributed
-    cores = ddist.usable_cores()
-    if launcher == ddist.SPAWN and device == "cpu" and holds_rank0 and d.num_gpus > cores:
-        log.info("notice: %d CPU workers share %d core(s) here; past %d worker(s) more cannot "
-                 "raise throughput, so a scaling study on this machine should stop at "
-                 "distributed.num_gpus=%d", d.num_gpus, cores, cores, cores)
     comm_hook = ddist.resolve_comm_hook(d.comm_hook, device, _world(cfg), d.num_nodes)
     if record:
         record.update(grad_allreduce=comm_hook)
@@ -143,6 +140,23 @@ def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0
         data_lib.prepare(cfg.data, _world(cfg))
         return _spawn(cfg, worker, out_dir, device, backend)
     return _in_place(cfg, worker, out_dir, device, backend, launcher, placement)
+
+
+def _notices(cfg: Config, device: str, launcher: str) -> None:
+    """Settings that run, but cannot do what they seem to: say so once, and go on."""
+    d, cores, threads = cfg.distributed, ddist.usable_cores(), cfg.train.threads
+    if launcher == ddist.SPAWN and device == "cpu" and d.num_gpus > cores:
+        log.info("notice: %d CPU workers share %d core(s) here; past %d worker(s) more cannot "
+                 "raise throughput, so a scaling study on this machine should stop at "
+                 "distributed.num_gpus=%d", d.num_gpus, cores, cores, cores)
+    elif launcher == ddist.SPAWN and device == "cpu" and threads and threads * d.num_gpus > cores:
+        log.info("notice: train.threads=%d x %d worker(s) is %d threads on %d core(s): they take "
+                 "turns, which slows every step; train.threads=null gives each worker %d",
+                 threads, d.num_gpus, threads * d.num_gpus, cores, max(1, cores // d.num_gpus))
+    if cfg.data.loader == "memory" and cfg.data.num_workers > 0:
+        log.info("notice: data.num_workers=%d is unused with data.loader=memory (batches come from "
+                 "tensors already in memory); data.loader=dataloader uses DataLoader processes",
+                 cfg.data.num_workers)
 
 
 def _quiet(*_args: Any) -> None:
