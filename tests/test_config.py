@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import time
 
 import pytest
@@ -189,6 +190,25 @@ def test_data_that_does_not_fit_the_config_fails_before_any_worker(tmp_path, fmn
     proc = run_train(f"data.root={fmnist_root}", *overrides, f"hydra.run.dir={tmp_path}", timeout=60)
     assert proc.returncode == 2, output(proc)  # a config error, not a worker's failure
     assert message in output(proc) and "starting" not in output(proc)
+
+
+@pytest.mark.parametrize("name,cut_to", [("train-images-idx3-ubyte.gz", 1_000_000),
+                                         ("t10k-labels-idx1-ubyte", 9000)])
+def test_a_cut_off_data_file_is_named_before_any_worker(tmp_path, fmnist_root, name, cut_to):
+    # An interrupted download or copy, gzipped or not: without the check the worker died
+    # of "EOFError: Compressed file ended before the end-of-stream marker was reached".
+    raw = tmp_path / "data" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for source in (fmnist_root / "FashionMNIST" / "raw").glob("*.gz"):
+        data = source.read_bytes()
+        if source.name == f"{name}.gz":  # the same file unpacked, as some mirrors serve it
+            data = gzip.decompress(data)
+        target = raw / (name if source.name.startswith(name) else source.name)
+        target.write_bytes(data[:cut_to] if target.name == name else data)
+    proc = run_train(f"data.root={tmp_path}/data", f"hydra.run.dir={tmp_path}/run", timeout=60)
+    assert proc.returncode == 2, output(proc)
+    assert f"the data file {raw / name} is damaged or cut off" in output(proc)
+    assert "starting" not in output(proc)
 
 
 def test_a_home_relative_data_root_means_the_home_directory(tmp_path):

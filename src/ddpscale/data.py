@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import gzip
 import logging
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -74,6 +76,8 @@ def prepare(cfg: DataConfig, world_size: int) -> None:
 
 def _check_idx(cfg: DataConfig, folder: Path) -> int:
     """Check the files' image shape and labels against the config; the training examples used."""
+    for path in (_find(folder, stem) for split in _SPLIT_FILES.values() for stem in split):
+        _check_complete(path)
     images, labels = (_find(folder, stem) for stem in _SPLIT_FILES[True])
     shape = _idx_shape(images)
     if shape[1:] != (cfg.image_size, cfg.image_size) or cfg.channels != 1:
@@ -171,12 +175,40 @@ def _idx_shape(path: Path) -> tuple[int, ...]:
     return tuple(int.from_bytes(header[4 * i: 4 * i + 4], "big") for i in range(ndim))
 
 
+def _check_complete(path: Path) -> None:
+    """An IDX file as long as its header says, without reading it all (a gzip file's last
+    4 bytes hold its unpacked size): a cut-off download fails here, naming the file."""
+    try:
+        shape = _idx_shape(path)
+        expected = 4 + 4 * len(shape) + math.prod(shape)
+        if path.suffix == ".gz":
+            with path.open("rb") as f:
+                f.seek(-4, os.SEEK_END)
+                size = int.from_bytes(f.read(4), "little")
+            complete = size == expected % 2**32
+        else:
+            complete = path.stat().st_size == expected
+    except (OSError, EOFError, IndexError) as err:  # gzip.BadGzipFile is an OSError
+        raise ConfigError(_damaged_message(path, err)) from err
+    if not complete:
+        dims = "x".join(map(str, shape))
+        raise ConfigError(_damaged_message(path, f"its length is not the {dims} its header says"))
+
+
+def _damaged_message(path: Path, why: object) -> str:
+    return (f"the data file {path} is damaged or cut off ({why}); delete it and run again to "
+            "download it afresh (data.download=true), or copy it again")
+
+
 def _read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (the MNIST format), gzipped or not."""
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    ndim = raw[3]
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        ndim = raw[3]
+        shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+        return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    except (OSError, EOFError, IndexError, ValueError) as err:  # gzip.BadGzipFile is an OSError
+        raise ConfigError(_damaged_message(path, err)) from err
 
 
 def _idx_split(cfg: DataConfig, train: bool) -> Split:
