@@ -224,9 +224,9 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
                                  nprocs=d.num_gpus, join=False, start_method="spawn")
     try:
         # Short waits keep this process responsive to signals; when one worker dies,
-            # join() gives the others a second to end on their own (one blocked in gloo
-            # does; one waiting in the shared-memory all-reduce cannot tell), terminates
-            # them and raises with the cause.
+        # join() gives the others a second to end on their own (one blocked in gloo
+        # does; one waiting in the shared-memory all-reduce cannot tell), terminates
+        # them and raises with the cause.
         while not context.join(timeout=0.5, grace_period=1):
             pass
         return torch.load(summary_file) if summary_file.stat().st_size else {}
