@@ -92,14 +92,32 @@ def test_spawn_torchrun_and_submitit_give_the_same_results(tmp_path):
     assert scratch_after <= scratch_before, "non-zero ranks clean up their scratch dirs"
 
 
-def test_a_one_task_submitit_job_spawns_its_worker(tmp_path):
-    """One task (num_gpus=1) is spawn mode inside the submitit job, whose __main__ is
-    submitit's: the workers' body must be importable from the package, not train.py."""
-    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1", "hydra/launcher=slurm_local",
+def test_a_local_submitit_sweep_runs_one_job_at_a_time(tmp_path):
+    """Jobs run together would share the cores and measure each other's load. And one task
+    (num_gpus=1) is spawn mode inside the submitit job, whose __main__ is submitit's: the
+    workers' body must be importable from the package, not train.py."""
+    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1,2", "hydra/launcher=slurm_local",
                      f"hydra.sweep.dir={tmp_path}", "-m")
     assert proc.returncode == 0, output(proc)
-    run = read_run(tmp_path / "0")
-    assert run["status"] == "completed" and run["launcher"] == "spawn" and run["world_size"] == 1
+    first, second = read_run(tmp_path / "0"), read_run(tmp_path / "1")
+    assert first["status"] == "completed" and first["launcher"] == "spawn" and first["world_size"] == 1
+    assert second["status"] == "completed" and second["launcher"] == "slurm"
+    assert second["start_time"] >= first["end_time"], "the second job started after the first ended"
+
+
+def test_ctrl_c_stops_a_local_submitit_sweep_and_marks_its_run_interrupted(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *QUICK, "train.epochs=200", "distributed.num_gpus=2,1",
+         "hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "-m"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    _wait_for_epochs(proc, tmp_path / "0", 1)
+    os.killpg(proc.pid, signal.SIGINT)
+    log = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, log
+    assert "sweep stopped by SIGINT: job #0 was interrupted" in log and "Traceback" not in log
+    assert read_run(tmp_path / "0")["status"] == "interrupted"
+    assert not (tmp_path / "1").exists(), "no later job was started"
 
 
 def test_several_nodes_on_the_local_submitit_launcher_are_refused_in_one_line(tmp_path):

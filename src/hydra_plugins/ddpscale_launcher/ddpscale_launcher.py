@@ -4,18 +4,23 @@ hydra-submitit-launcher submits a whole sweep with one set of executor parameter
 `distributed.num_gpus=1,2,4` would get the same `tasks_per_node` for every job. These
 launchers group the jobs by (num_nodes, num_gpus) and give each group
 `nodes=num_nodes`, `tasks_per_node=num_gpus` and, unless `gpus_per_node` is set,
-`gpus_per_node=num_gpus`: one task per GPU, each task one DDP worker. Every group is
-submitted before any result is awaited. (Hydra only loads launchers from the
-`hydra_plugins` package, hence the location.)
+`gpus_per_node=num_gpus`: one task per GPU, each task one DDP worker. On a cluster every
+group is submitted before any result is awaited; the local executor runs the jobs one
+after another, as Hydra's basic launcher does, since they share this machine's cores.
+(Hydra only loads launchers from the `hydra_plugins` package, hence the location.)
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
+import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
@@ -31,10 +36,12 @@ class _ShapedLauncher(BaseSubmititLauncher):
 
         assert self.config is not None and self.hydra_context is not None
         groups: dict[tuple[int, int], list[tuple[int, list[str]]]] = defaultdict(list)
+        in_order = []
         for offset, overrides in enumerate(job_overrides):
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             shape = (int(cfg.distributed.num_nodes), int(cfg.distributed.num_gpus))
             groups[shape].append((initial_job_idx + offset, list(overrides)))
+            in_order.append((initial_job_idx + offset, list(overrides), shape))
 
         if self._EXECUTOR == "local" and any(nodes > 1 for nodes, _ in groups):
             nodes = max(nodes for nodes, _ in groups)
@@ -45,6 +52,8 @@ class _ShapedLauncher(BaseSubmititLauncher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("Submitit '%s' sweep output dir : %s", self._EXECUTOR, sweep_dir)
+        if self._EXECUTOR == "local":
+            return self._one_after_another(in_order)
         submitted = []
         for (nodes, gpus), jobs in groups.items():
             executor = self._executor(nodes, gpus)
@@ -55,6 +64,36 @@ class _ShapedLauncher(BaseSubmititLauncher):
                           for idx, overrides in jobs]
             submitted += executor.map_array(self, *zip(*job_params))
         return [job.results()[0] for job in submitted]  # task 0 holds global rank 0
+
+    def _one_after_another(self, jobs: list[tuple[int, list[str], tuple[int, int]]]) -> list[JobReturn]:
+        """Run local jobs one at a time: run together, they would share the cores, and
+        every throughput of the sweep would be measured under the others' load. Ctrl-C or
+        SIGTERM stops the running job (its run.json says interrupted) and the sweep."""
+        results = []
+        with _StopSignals() as stop:
+            for idx, overrides, (nodes, gpus) in jobs:
+                log.info("\t#%d : %s  (%d node(s) x %d task(s))", idx,
+                         " ".join(filter_overrides(overrides)), nodes, gpus)
+                executor = self._executor(nodes, gpus)
+                with stop.sigint_ignored():
+                    # submitit's local controller inherits this: Ctrl-C must reach the tasks
+                    # (they stop and record the run), not their controller, which would
+                    # SIGKILL them a second later, perhaps before run.json says why
+                    job = executor.submit(self, overrides, "hydra.sweep.dir", idx,
+                                          f"job_id_for_{idx}", Singleton.get_state())
+                try:
+                    results.append(job.results()[0])  # task 0 holds global rank 0
+                except _Stopped as stopped:
+                    # the controller passes SIGTERM on to the tasks and waits for them
+                    os.kill(int(job.job_id), signal.SIGTERM)
+                    deadline = time.monotonic() + 30  # the job records its end, then exits
+                    while not job.done() and time.monotonic() < deadline:
+                        time.sleep(0.2)
+                    name = signal.Signals(stopped.signum).name
+                    print(f"sweep stopped by {name}: job #{idx} was interrupted and no later job "
+                          "was started", file=sys.stderr)
+                    sys.exit(128 + stopped.signum)
+        return results
 
     def _executor(self, nodes: int, gpus: int) -> Any:
         import submitit
@@ -70,6 +109,39 @@ class _ShapedLauncher(BaseSubmititLauncher):
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
         return executor
+
+
+class _Stopped(BaseException):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _StopSignals:
+    """The first SIGINT/SIGTERM raises `_Stopped`; later ones, while the job winds up, do nothing."""
+
+    def __enter__(self) -> "_StopSignals":
+        self.stopped = False
+        self.saved = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, previous in self.saved.items():
+            signal.signal(s, previous)
+
+    @contextmanager
+    def sigint_ignored(self) -> Iterator[None]:
+        """SIGINT ignored in this block and in the processes started in it."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        if not self.stopped:
+            self.stopped = True
+            raise _Stopped(signum)
 
 
 class DDPSlurmLauncher(_ShapedLauncher):
