@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +43,11 @@ BATCHES = [32, 64, 128, 256, 512]
 LRS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
 OPTIMIZERS = ["sgd", "adamw"]
 TRAIN_IMAGES = 60_000
+
+
+def _at(seconds: int) -> str:
+    start = datetime(2026, 12, 2, 11, tzinfo=timezone.utc)
+    return (start + timedelta(seconds=seconds)).isoformat()
 
 
 def write_sweep(root: Path, runs: int, epochs: int) -> None:
@@ -68,8 +74,9 @@ def write_sweep(root: Path, runs: int, epochs: int) -> None:
                 {
                     "status": status,
                     "error": "RuntimeError: NCCL watchdog timeout" if status == "failed" else None,
-                    "start_time": "2026-12-02T11:00:00",
-                    "end_time": None if status == "running" else "2026-12-02T11:09:00",
+                    # one job after another on each of 8 hosts, 9 minutes each
+                    "start_time": _at(job // 8 * 540),
+                    "end_time": None if status == "running" else _at(job // 8 * 540 + 539),
                     "overrides": [
                         f"distributed.num_gpus={gpus}",
                         f"data.batch_size={batch}",
@@ -79,7 +86,7 @@ def write_sweep(root: Path, runs: int, epochs: int) -> None:
                     "versions": {"torch": "2.5.0"},
                     "devices": ["NVIDIA H100"] * gpus,
                     "git_commit": "abc123",
-                    "hostname": "node0",
+                    "hostname": f"node{job % 8}",
                     "launcher": "torchrun",
                     "world_size": nodes * gpus,
                     "output_dir": str(directory),

@@ -25,6 +25,7 @@ def key_findings(analysis: Analysis) -> list[str]:
         ]
     return [
         _counts(analysis.runs),
+        *_overlapping(analysis.runs),
         _best_throughput(analysis.configs),
         *_scaling(analysis.scaling, analysis.configs),
         *_accuracy(analysis.configs, analysis.target_acc),
@@ -57,6 +58,41 @@ def _counts(runs: pd.DataFrame) -> str:
             "results.csv holds every epoch."
         )
     return text
+
+
+def overlapping_runs(runs: pd.DataFrame) -> pd.Series:
+    """Analysed runs that ran on one host while another run there did (run.json's start and
+    end times, to the second): each measured its throughput under the other's load."""
+    timed = (
+        runs[runs.included]
+        .assign(
+            start=lambda d: _utc(d.start_time),
+            end=lambda d: _utc(d.end_time),
+        )
+        .dropna(subset=["hostname", "start", "end"])
+        .sort_values(["hostname", "start", "end"], kind="stable")
+    )
+    by_host = timed.groupby("hostname")
+    # sorted by start: a run overlaps an earlier one if it starts before the latest end so
+    # far, and a later one if the next run starts before it ends
+    ends_before = by_host.end.cummax().groupby(timed.hostname).shift()
+    next_start = by_host.start.shift(-1)
+    return timed.loc[(timed.start < ends_before) | (next_start < timed.end), "path"]
+
+
+def _utc(times: pd.Series) -> pd.Series:
+    return pd.to_datetime(times, utc=True, errors="coerce", format="ISO8601")
+
+
+def _overlapping(runs: pd.DataFrame) -> list[str]:
+    paths = overlapping_runs(runs)
+    if paths.empty:
+        return []
+    return [
+        f"**{_plural(len(paths), 'run')} ran at the same time as another on one host** "
+        f"(first: {paths.iloc[0]}): each measured its throughput under the other's load, so "
+        "their speedups and efficiencies are not to be trusted; run such jobs one after another."
+    ]
 
 
 def _best_throughput(configs: pd.DataFrame) -> str:

@@ -1,6 +1,7 @@
 """Hand-built results.csv and run.json files, written the way the contract (DESIGN.md) says."""
 
 import csv
+import itertools
 import json
 
 COLUMNS = [
@@ -30,6 +31,7 @@ COLUMNS = [
     "launcher",
 ]
 IMAGES_PER_EPOCH = 6000
+_RUN_MINUTES = itertools.count()
 
 
 def run_rows(
@@ -103,11 +105,13 @@ def write_run_json(directory, status="completed", error=None, rows=None, config=
     keys of it by group, e.g. {"distributed": {"bucket_cap_mb": 1.0}}."""
     directory.mkdir(parents=True, exist_ok=True)
     first = rows[0] if rows else {}
+    minute = next(_RUN_MINUTES) % 30
     doc = {
         "status": status,
         "error": error,
-        "start_time": "2026-12-02T11:00:00",
-        "end_time": None if status == "running" else "2026-12-02T11:05:00",
+        # one run after another, as on one machine (overlapping runs get a warning)
+        "start_time": f"2026-12-02T11:{2 * minute:02d}:00",
+        "end_time": None if status == "running" else f"2026-12-02T11:{2 * minute + 1:02d}:00",
         "overrides": [f"distributed.num_gpus={first.get('num_gpus', 1)}"],
         "config": {
             "model": {"name": first.get("model", "cnn")},

@@ -1,11 +1,14 @@
 """The files written into --out: tables, plots, and a report that opens with the findings."""
 
+import json
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from analysis_files import COLUMNS, new_sweep, run_rows, write_results, write_run_json
 
+from multirun_analysis.findings import overlapping_runs
 from multirun_analysis.render import format_cell, markdown_table
 from multirun_analysis.report import write_report
 from multirun_analysis.sweep import analyse
@@ -102,6 +105,24 @@ def test_report_opens_with_findings_then_tables_plots_runs_problems(messy_out):
         in findings
     )
     assert "Final val_acc ranges from 0.880 to 0.910" in findings
+    assert "at the same time" not in findings
+
+
+def test_runs_at_the_same_time_on_one_host_are_called_out(tmp_path):
+    # Two sweeps started together on one machine: every run measured the others' load.
+    sweep_dir, write_run = new_sweep(tmp_path)
+    times = {"a": ("11:00:00", "11:10:00", "node0"), "b": ("11:05:00", "11:15:00", "node0"),
+             "c": ("11:20:00", "11:30:00", "node0"), "d": ("11:00:00", "11:30:00", "node1")}
+    for name, (start, end, host) in times.items():
+        run_dir = write_run(name, world_size=1 + (name in "bd"))
+        doc = json.loads((run_dir / "run.json").read_text())
+        doc.update(start_time=f"2026-12-02T{start}+00:00", end_time=f"2026-12-02T{end}+00:00", hostname=host)
+        (run_dir / "run.json").write_text(json.dumps(doc))
+    analysis = analyse([sweep_dir])
+    assert sorted(Path(p).name for p in overlapping_runs(analysis.runs)) == ["a", "b"]
+    write_report(analysis, tmp_path / "out")
+    assert ("**2 runs ran at the same time as another on one host** (first: "
+            in (tmp_path / "out" / "report.md").read_text())
 
 
 def test_report_html_is_self_contained(messy_out):
