@@ -94,6 +94,8 @@ def _check(args: argparse.Namespace) -> str | None:
             return f"sweep directory {sweep} does not exist"
         if not sweep.is_dir():
             return f"{sweep} is not a directory; pass the sweep directory that holds the runs"
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        return f"--out {args.out} is a file; give a directory (it is created when missing)"
     if not 0 < args.target_acc <= 1:
         return (
             f"--target-acc={args.target_acc:g} is not a fraction in (0, 1]; "

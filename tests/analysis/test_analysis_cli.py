@@ -60,6 +60,17 @@ def test_target_acc_must_be_a_fraction(tmp_path):
     assert "--target-acc=90 is not a fraction in (0, 1]" in result.stderr
 
 
+def test_out_must_be_a_directory(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a")
+    (tmp_path / "report.csv").write_text("mine\n")
+    result = run_cli(str(sweep_dir), "--out", str(tmp_path / "report.csv"))
+    assert result.returncode == 2
+    assert result.stderr == (f"multirun_analysis: error: --out {tmp_path / 'report.csv'} is a file; "
+                             "give a directory (it is created when missing)\n")
+    assert (tmp_path / "report.csv").read_text() == "mine\n"
+
+
 @pytest.fixture
 def two_sweeps(tmp_path):
     sweep_dir, write_run = new_sweep(tmp_path)
