@@ -15,7 +15,8 @@ import pytest
 
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train
 from ddpscale.config import ConfigError
-from ddpscale.distributed import check_master_addr, cpu_threads, detect_launcher, free_port, slurm_task_cpus
+from ddpscale.distributed import (check_master_addr, cpu_threads, detect_launcher, free_port, host_store,
+                                  slurm_task_cpus)
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -55,6 +56,8 @@ def test_the_rendezvous_host_is_checked_before_anything_waits_for_it(caplog):
     assert not caplog.records
     check_master_addr("192.0.2.7", hosts_store=True)  # node 0 told to be a host it is not
     assert "master_addr='192.0.2.7' (192.0.2.7) is not an address of this machine" in caplog.text
+    with pytest.raises(ConfigError, match="check that distributed.master_addr names this machine"):
+        host_store("192.0.2.7", free_port(), 2, timeout_s=1)  # the store cannot be reached there
 
 
 def run_dirs(root: Path) -> list[Path]:

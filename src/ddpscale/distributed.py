@@ -406,7 +406,8 @@ def host_store(addr: str, port: int | None, world_size: int, timeout_s: float) -
         where = f"{addr}:{port}" if port else f"{addr} (a free port)"
         raise ConfigError(
             f"cannot listen for the rendezvous on {where}: {str(err).splitlines()[0]}; "
-            "choose another distributed.master_port (or unset it on one node)"
+            "check that distributed.master_addr names this machine (node 0), and choose another "
+            "distributed.master_port (or unset it on one node)"
         ) from err
 
 
