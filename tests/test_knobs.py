@@ -67,15 +67,20 @@ def test_results_carry_step_times_warmup_and_sync_share(tmp_path, workers):
         assert float(r["eval_time_s"]) > 0
 
 
-@pytest.mark.parametrize("train_size", [512, 480])
-def test_accumulating_two_half_batches_matches_one_full_batch(tmp_path, train_size):
+@pytest.mark.parametrize("train_size,static_graph", [(512, False), (480, False), (512, True)])
+def test_accumulating_two_half_batches_matches_one_full_batch(tmp_path, train_size, static_graph):
     """no_sync accumulation: same data, same order, same gradients (dropout off). At 480
     images each rank has 15 half batches: the last optimizer step has one micro-batch of
-    16, as the full-batch run's last batch has 16 images, and must weigh it as a whole step."""
+    16, as the full-batch run's last batch has 16 images, and must weigh it as a whole step.
+    With a static graph DDP must all-reduce its first backward, a no_sync step."""
     common = [*QUICK, "distributed.num_gpus=2", "model.dropout=0", "train.epochs=1",
-              "train.sync_probe_steps=0", f"data.train_size={train_size}"]
-    full = run_train(*common, "data.batch_size=32", f"hydra.run.dir={tmp_path}/full")
+              f"data.train_size={train_size}"]
+    full = run_train(*common, "data.batch_size=32", "train.sync_probe_steps=0",
+                     f"hydra.run.dir={tmp_path}/full")
     accum = run_train(*common, "data.batch_size=16", "train.grad_accum_steps=2",
+                      f"distributed.static_graph={str(static_graph).lower()}",
+                      # the probe's no_sync steps come after the graph is recorded
+                      f"train.sync_probe_steps={2 if static_graph else 0}",
                       f"hydra.run.dir={tmp_path}/accum")
     assert full.returncode == 0 and accum.returncode == 0, output(accum)
     a, b = read_rows(tmp_path / "full")[-1], read_rows(tmp_path / "accum")[-1]

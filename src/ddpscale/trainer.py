@@ -80,6 +80,7 @@ class Trainer:
     sync_probe_steps: int = 0
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
+    _graph_recorded: bool = field(default=False, init=False)
 
     def fit(self, epochs: int) -> list[EpochStats]:
         """Train for `epochs`, evaluating and reporting after each one."""
@@ -170,6 +171,13 @@ class Trainer:
         # no_sync on accumulation steps: gradients pile up locally and the all-reduce runs
         # once, on the boundary step, over the accumulated sum; each of the step's
         # `micro_batches` adds its share of the mean.
+        if not self._graph_recorded and getattr(self.model, "static_graph", False):
+            # DDP records a static graph on the first backward, which must all-reduce
+            # (under no_sync it fails an internal assert). Averaging a part of the sum
+            # early leaves the step's mean gradient unchanged: the rest is added locally
+            # and the boundary step averages again.
+            sync = True
+        self._graph_recorded = self._graph_recorded or sync
         with (nullcontext() if sync else self.model.no_sync()):
             with self.precision.autocast(self.ctx.device.type):
                 logits = self.model(x)
