@@ -65,6 +65,14 @@ class EpochStats:
     val_count: int
 
 
+def sync_share(with_sync: float, without: float, micro_batches: int = 1) -> float:
+    """Share of an optimizer step's time spent on gradient sync, from the time of one
+    micro-batch's forward/backward with and without the all-reduce: a step runs
+    `micro_batches` of them and all-reduces once."""
+    extra = max(0.0, with_sync - without)
+    return extra / (micro_batches * without + extra) if extra else 0.0
+
+
 @dataclass
 class Trainer:
     """Runs epochs of DDP training on one rank; rank 0 reports through `reporter`."""
@@ -233,7 +241,8 @@ class Trainer:
             for b, saved in zip(self.model.module.buffers(), buffers):
                 b.copy_(saved)
         with_sync, without = statistics.median(timings[True]), statistics.median(timings[False])
-        share = torch.tensor([max(0.0, 1.0 - without / with_sync)], device=self.ctx.device)
+        share = torch.tensor([sync_share(with_sync, without, self.grad_accum_steps)],
+                             device=self.ctx.device)
         dist.all_reduce(share)  # the mean over ranks
         return share.item() / self.ctx.world_size
 
