@@ -159,11 +159,14 @@ def test_more_cpu_workers_than_cores_get_a_notice_and_still_train(tmp_path):
 
 def test_settings_that_cannot_work_as_they_seem_get_a_notice_and_still_train(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), *QUICK, "train.epochs=1",
-                           "train.threads=2", "data.num_workers=2", f"hydra.run.dir={tmp_path}"],
+                           "train.threads=2", "data.num_workers=2", "distributed.comm_hook=shm",
+                           f"hydra.run.dir={tmp_path}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
     assert proc.returncode == 0, output(proc)
     assert ("notice: train.threads=2 x 1 worker(s) is 2 threads on 1 core(s): they take turns"
             in output(proc))
     assert "notice: data.num_workers=2 is unused with data.loader=memory" in output(proc)
+    assert "notice: distributed.comm_hook=shm has no other worker to all-reduce with" in output(proc)
     assert read_run(tmp_path)["status"] == "completed"
+    assert read_run(tmp_path)["grad_allreduce"] == "none"

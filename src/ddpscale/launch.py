@@ -157,6 +157,9 @@ def _notices(cfg: Config, device: str, launcher: str) -> None:
         log.info("notice: data.num_workers=%d is unused with data.loader=memory (batches come from "
                  "tensors already in memory); data.loader=dataloader uses DataLoader processes",
                  cfg.data.num_workers)
+    if d.comm_hook == "shm" and _world(cfg) == 1:
+        log.info("notice: distributed.comm_hook=shm has no other worker to all-reduce with; this "
+                 "1-worker run uses none (run.json's grad_allreduce says so)")
 
 
 def _quiet(*_args: Any) -> None:
