@@ -34,7 +34,8 @@ REQUIRED_COLUMNS = [
 EXTRA_COLUMNS = [
     "warmup", "step_time_p50_s", "step_time_p90_s", "grad_sync_share", "eval_time_s",
     "train_count", "val_count", "launcher", "precision", "data_loader", "grad_accum_steps",
-    "comm_hook",
+    "comm_hook", "channels_last", "compile", "bucket_cap_mb", "gradient_as_bucket_view",
+    "static_graph",
 ]
 COLUMNS = REQUIRED_COLUMNS + EXTRA_COLUMNS
 
@@ -158,6 +159,10 @@ def settings_row(cfg: Any, ctx: Any) -> dict[str, Any]:
         "seed": cfg.train.seed, "epochs": cfg.train.epochs, "launcher": ctx.launcher,
         "precision": cfg.train.precision, "data_loader": cfg.data.loader,
         "grad_accum_steps": cfg.train.grad_accum_steps, "comm_hook": cfg.distributed.comm_hook,
+        "channels_last": cfg.train.channels_last, "compile": cfg.train.compile,
+        "bucket_cap_mb": float(cfg.distributed.bucket_cap_mb),
+        "gradient_as_bucket_view": cfg.distributed.gradient_as_bucket_view,
+        "static_graph": cfg.distributed.static_graph,
     }
 
 
