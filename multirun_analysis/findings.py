@@ -135,24 +135,34 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
             text += f"; final val_acc changes by {row.val_acc_change:+.3f}"
         return text + "."
     worst, best = largest.loc[largest.efficiency.idxmin()], largest.loc[largest.efficiency.idxmax()]
-    text = (
-        f"{name}: across {len(largest)} groups, **efficiency at each group's largest world size** ranges "
-        f"from {worst.efficiency:.2f} ({worst.group}: {worst.group_label}, world size "
-        f"{format_value(worst.world_size)}) to {best.efficiency:.2f} ({best.group}: {best.group_label}, "
-        f"world size {format_value(best.world_size)}), median {largest.efficiency.median():.2f}"
-    )
-    if largest.grad_sync_share.notna().any():
-        text += (
-            f"; gradient sync takes {largest.grad_sync_share.min():.0%}–"
-            f"{largest.grad_sync_share.max():.0%} of step time there"
+    low, high = f"{worst.efficiency:.2f}", f"{best.efficiency:.2f}"
+    if low == high:  # "from 0.50 (W1 ...) to 0.50 (W2 ...)" says nothing the groups differ in
+        text = (
+            f"{name}: across {len(largest)} groups, **efficiency at each group's largest world size** "
+            f"is {low} in every group"
         )
+    else:
+        text = (
+            f"{name}: across {len(largest)} groups, **efficiency at each group's largest world size** "
+            f"ranges from {low} ({worst.group}: {worst.group_label}, world size "
+            f"{format_value(worst.world_size)}) to {high} ({best.group}: {best.group_label}, "
+            f"world size {format_value(best.world_size)}), median {largest.efficiency.median():.2f}"
+        )
+    shares = largest.grad_sync_share.dropna()
+    if len(shares):
+        text += f"; gradient sync takes {_span(shares, '{:.0%}')} of step time there"
     change = largest.val_acc_change.dropna()
     if len(change):
-        text += (
-            f"; final val_acc changes by {change.min():+.3f} to {change.max():+.3f} "
-            f"(mean {change.mean():+.3f})"
-        )
+        text += f"; final val_acc changes by {_span(change, '{:+.3f}', ' to ')}"
+        alike = f"{change.min():+.3f}" == f"{change.max():+.3f}"
+        text += " in every group" if alike else f" (mean {change.mean():+.3f})"
     return text + "."
+
+
+def _span(values: pd.Series, form: str, dash: str = "–") -> str:
+    """"6%–9%", or "6%" when the lowest and highest read the same as printed."""
+    low, high = form.format(values.min()), form.format(values.max())
+    return low if low == high else f"{low}{dash}{high}"
 
 
 def _accuracy(configs: pd.DataFrame, target: float) -> list[str]:
@@ -163,6 +173,8 @@ def _accuracy(configs: pd.DataFrame, target: float) -> list[str]:
     low, high = table.loc[table.final_val_acc.idxmin()], table.loc[table.final_val_acc.idxmax()]
     if len(table) == 1:
         spread = f"Final val_acc is **{high.final_val_acc:.3f}** (one configuration)."
+    elif f"{low.final_val_acc:.3f}" == f"{high.final_val_acc:.3f}":
+        spread = f"**Final val_acc is {high.final_val_acc:.3f}** in all {len(table)} configurations."
     else:
         spread = (
             f"**Final val_acc ranges from {low.final_val_acc:.3f} to {high.final_val_acc:.3f}** across "

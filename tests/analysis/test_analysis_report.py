@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from analysis_files import COLUMNS, new_sweep, run_rows, write_results, write_run_json
 
-from multirun_analysis.findings import overlapping_runs
+from multirun_analysis.findings import key_findings, overlapping_runs
 from multirun_analysis.render import format_cell, markdown_table
 from multirun_analysis.report import write_report
 from multirun_analysis.sweep import analyse
@@ -108,6 +108,27 @@ def test_report_opens_with_findings_then_tables_plots_runs_problems(messy_out):
     assert "at the same time" not in findings
 
 
+@pytest.mark.parametrize("second_throughput,expected", [
+    (1600.0, ["efficiency at each group's largest world size** is 0.80 in every group;",
+              "gradient sync takes 5% of step time there; final val_acc changes by -0.020 in "
+              "every group."]),
+    (1700.0, ["ranges from 0.80 (W", "to 0.85 (W", "gradient sync takes 5% of step time",
+              "final val_acc changes by -0.020 in every group."]),
+])
+def test_findings_name_a_figure_once_when_every_group_has_it(tmp_path, second_throughput,
+                                                             expected):
+    """Not "ranges from 0.80 (W1 ...) to 0.80 (W2 ...)" or "5%–5%" for groups alike."""
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for lr, throughput in [(0.1, 1600.0), (0.01, second_throughput)]:
+        write_run(f"{lr}-1", lr=lr, val_acc=[0.6, 0.8, 0.9])
+        write_run(f"{lr}-2", lr=lr, world_size=2, images_per_sec=(throughput,) * 3,
+                  val_acc=[0.6, 0.8, 0.88], grad_sync_share=0.05)
+    findings = " ".join(key_findings(analyse([sweep_dir])))
+    for text in expected:
+        assert text in findings
+    assert "5%–5%" not in findings and "to -0.020" not in findings
+
+
 def test_runs_at_the_same_time_on_one_host_are_called_out(tmp_path):
     # Two sweeps started together on one machine: every run measured the others' load.
     sweep_dir, write_run = new_sweep(tmp_path)
@@ -142,6 +163,7 @@ def test_single_world_size_still_writes_a_report(tmp_path):
     write_report(analyse([sweep_dir]), tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert "**Nothing to scale:** every analysed run used world size 1." in report
+    assert "**Final val_acc is 0.700** in all 2 configurations." in report  # not "from 0.700 to 0.700"
     assert not (tmp_path / "scaling_weak.png").exists()
     assert pd.read_csv(tmp_path / "scaling.csv").empty
 
