@@ -22,7 +22,7 @@ from ddpscale.launch import run_job  # noqa: E402
 from ddpscale.sweep import register_resolvers  # noqa: E402
 from ddpscale.worker import train  # noqa: E402  (the workers' body)
 
-register_resolvers()
+register_resolvers(sys.argv[1:])  # --cfg only prints: it creates no output directory
 
 
 @hydra.main(version_base=None, config_path=str(Path(__file__).resolve().parent / "conf"),

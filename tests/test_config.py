@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
 import time
 
 import pytest
@@ -222,3 +224,12 @@ def test_cfg_job_shows_the_composed_config():
     proc = run_train("--cfg", "job", "optim.lr=0.05", timeout=60)
     assert proc.returncode == 0, output(proc)
     assert "lr: 0.05" in proc.stdout and "num_gpus: 1" in proc.stdout
+
+
+def test_printing_the_resolved_hydra_config_creates_no_directories(tmp_path):
+    # resolving hydra.run.dir and hydra.sweep.dir claims them; a print must not leave them
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "--cfg", "hydra", "--resolve"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, output(proc)
+    assert "dir: outputs/" in proc.stdout and "dir: multirun/" in proc.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -22,12 +22,12 @@ from ddpscale.results import RESULTS_FILE, RUN_FILE, earlier_run, taken_message
 log = logging.getLogger("ddpscale")
 
 
-def claim_dir(base: str) -> str:
+def claim_dir(base: str, create: bool = True) -> str:
     """A directory nobody else uses: `base`, else `base_1`, `base_2`, ... (atomic mkdir).
 
     Two sweeps started in the same second get different directories. Under torchrun or
     SLURM only global rank 0 claims one; the other ranks get a throwaway directory and
-    adopt rank 0's once the process group is up.
+    adopt rank 0's once the process group is up. With `create` false, only the name.
     """
     from ddpscale.distributed import SPAWN, detect_launcher, launched_placement
 
@@ -38,6 +38,10 @@ def claim_dir(base: str) -> str:
     path = Path(base)
     for i in range(10_000):
         candidate = path if i == 0 else path.with_name(f"{path.name}_{i}")
+        if not create:
+            if not candidate.exists():
+                return str(candidate)
+            continue
         try:
             candidate.mkdir(parents=True, exist_ok=False)
             return str(candidate)
@@ -46,10 +50,16 @@ def claim_dir(base: str) -> str:
     raise RuntimeError(f"could not create a fresh directory next to {base}")
 
 
-def register_resolvers() -> None:
-    """Register `${ddpscale_dir:...}` (cached, so one config resolves it once)."""
+def register_resolvers(argv: list[str] | None = None) -> None:
+    """Register `${ddpscale_dir:...}` (cached, so one config resolves it once).
+
+    Given the command line, a command that only prints the config (`--cfg hydra
+    --resolve` resolves the output directories too) is shown their names but creates none.
+    """
     if not OmegaConf.has_resolver("ddpscale_dir"):
-        OmegaConf.register_new_resolver("ddpscale_dir", claim_dir, use_cache=True)
+        create = not any(arg in ("--cfg", "-c") or arg.startswith("--cfg=") for arg in argv or [])
+        OmegaConf.register_new_resolver(
+            "ddpscale_dir", lambda base: claim_dir(base, create), use_cache=True)
 
 
 def sweep_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
