@@ -123,14 +123,21 @@ def test_ctrl_c_stops_a_local_submitit_sweep_and_marks_its_run_interrupted(tmp_p
     assert not (tmp_path / "1").exists(), "no later job was started"
 
 
-def test_several_nodes_on_the_local_submitit_launcher_are_refused_in_one_line(tmp_path):
-    proc = run_train(*QUICK, "distributed.num_nodes=1,2", "distributed.master_addr=127.0.0.1",
-                     "distributed.master_port=29555", "hydra/launcher=slurm_local",
-                     f"hydra.sweep.dir={tmp_path}", "-m", timeout=60)
+@pytest.mark.parametrize("explicit_dir", [True, False])
+def test_several_nodes_on_the_local_submitit_launcher_are_refused_in_one_line(tmp_path, explicit_dir):
+    where = [f"hydra.sweep.dir={tmp_path}"] if explicit_dir else []
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *QUICK, "distributed.num_nodes=1,2",
+         "distributed.master_addr=127.0.0.1", "distributed.master_port=29555",
+         "hydra/launcher=slurm_local", *where, "-m"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, output(proc)
     assert "slurm_local runs every job on this machine, but a job asks for distributed.num_nodes=2" in output(proc)
     assert "Traceback" not in output(proc)
-    assert not list(tmp_path.rglob("run.json")), "nothing was started, not even the one-node job"
+    # nothing was started, not even the one-node job, and nothing was left: not Hydra's
+    # multirun.yaml, nor (unless given) the sweep directory claimed for it
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert not list(tmp_path.glob("multirun/*/*"))  # no multirun/<date>/<time>
 
 
 def test_torchrun_two_nodes_over_loopback(tmp_path):

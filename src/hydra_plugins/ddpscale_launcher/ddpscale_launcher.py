@@ -48,6 +48,7 @@ class _ShapedLauncher(BaseSubmititLauncher):
             print(f"error: hydra/launcher=slurm_local runs every job on this machine, but a job asks "
                   f"for distributed.num_nodes={nodes}; use distributed.num_nodes=1 here, or "
                   "hydra/launcher=slurm on a cluster (nothing was started)", file=sys.stderr)
+            self._take_back_multirun_yaml()
             sys.exit(2)  # like a config error; Hydra would print its own traceback for an exception
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -64,6 +65,16 @@ class _ShapedLauncher(BaseSubmititLauncher):
                           for idx, overrides in jobs]
             submitted += executor.map_array(self, *zip(*job_params))
         return [job.results()[0] for job in submitted]  # task 0 holds global rank 0
+
+    def _take_back_multirun_yaml(self) -> None:
+        """Hydra wrote multirun.yaml into the sweep directory before launching; a sweep
+        refused before any job leaves nothing behind (a directory claimed for it goes too)."""
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        if sweep_dir.is_dir() and [p.name for p in sweep_dir.iterdir()] == ["multirun.yaml"]:
+            (sweep_dir / "multirun.yaml").unlink()
+            raw = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["dir"]
+            if "${ddpscale_dir:" in str(raw):
+                sweep_dir.rmdir()
 
     def _one_after_another(self, jobs: list[tuple[int, list[str], tuple[int, int]]]) -> list[JobReturn]:
         """Run local jobs one at a time: run together, they would share the cores, and
