@@ -160,6 +160,34 @@ def test_torchrun_two_nodes_over_loopback(tmp_path):
     assert (row["world_size"], row["num_nodes"], row["num_gpus"]) == ("2", "2", "1")
 
 
+@pytest.mark.parametrize("nodes", [2, 1])
+def test_under_torchrun_rank_0_records_the_rank_that_failed_first(tmp_path, nodes):
+    """Rank 1 raises. Rank 0 then fails too: over two nodes with gloo's "Connection closed
+    by peer", on one node through torchrun's SIGTERM. Its run.json must name rank 1's
+    error, with rank 1's traceback, not its own symptom."""
+    port = free_port()
+    shape = (["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+              f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=ddpscale-test"] if nodes == 2
+             else ["--standalone", "--nproc-per-node=2"])
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [*TORCHRUN, *shape, str(REPO / "tests" / "crashing_train.py"), *QUICK,
+             "model.name=crashing_cnn", "train.sync_probe_steps=0"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src"), "CRASH_RANK": "1"},
+        )
+        for _ in range(nodes)
+    ]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert all(p.returncode != 0 for p in procs), logs
+    assert time.monotonic() - start < 120
+    run = read_run(run_dirs(tmp_path)[0])
+    assert run["status"] == "failed", run
+    assert run["error"] == "rank 1 raised RuntimeError: injected failure on rank 1", logs
+    assert 'raise RuntimeError(f"injected failure on rank {rank}")' in run["traceback"]
+
+
 def _descendants(pid: int) -> set[int]:
     found, todo = set(), [pid]
     while todo:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -409,6 +410,40 @@ def host_store(addr: str, port: int | None, world_size: int, timeout_s: float) -
             "check that distributed.master_addr names this machine (node 0), and choose another "
             "distributed.master_port (or unset it on one node)"
         ) from err
+
+
+class PeerFailure(RuntimeError):
+    """Another rank failed first; this rank's own error was a consequence (gloo's
+    "Connection closed by peer" once that rank exited, say)."""
+
+    def __init__(self, rank: int, error: str, traceback_text: str):
+        super().__init__(f"rank {rank} raised {error}")
+        self.rank, self.traceback_text = rank, traceback_text
+
+
+_FIRST_FAILURE = "ddpscale/first_failure"
+
+
+def first_failure(rank: int, error: str | None, traceback_text: str = "") -> PeerFailure | None:
+    """Post this rank's failure to the process group's store unless another rank's came
+    first (error None: only look), and return that other rank's failure, if any. Under
+    torchrun or SLURM each rank is its own process, and only rank 0 writes run.json:
+    without this it records its own symptom (gloo's "Connection closed by peer", or
+    torchrun's SIGTERM) instead of the cause."""
+    try:
+        store = dist.distributed_c10d._get_default_store()  # torch has no public accessor
+        if error is None:
+            if not store.check([_FIRST_FAILURE]):
+                return None
+            first = json.loads(store.get(_FIRST_FAILURE))
+        else:
+            mine = json.dumps({"rank": rank, "error": error, "traceback": traceback_text})
+            first = json.loads(store.compare_set(_FIRST_FAILURE, "", mine))
+    except Exception:  # noqa: BLE001 - the store went with the process hosting it
+        return None
+    if first["rank"] == rank:
+        return None
+    return PeerFailure(first["rank"], first["error"], first["traceback"])
 
 
 @contextmanager

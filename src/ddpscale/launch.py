@@ -328,9 +328,20 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
     ctx = ddist.WorkerContext(placement, device, plan.backend, plan.launcher)
     with ddist.process_group(placement, plan.backend, plan.rendezvous, hosts_store=hosts_store):
         out_dir = _agree_on_output_dir(Path(plan.out_dir), placement)
-        if plan.launcher != ddist.SPAWN:
-            _prepare_data_once(plan.cfg, placement)
-        return worker(ctx, plan.cfg, out_dir)
+        try:
+            if plan.launcher != ddist.SPAWN:
+                _prepare_data_once(plan.cfg, placement)
+            return worker(ctx, plan.cfg, out_dir)
+        except (Exception, Interrupted) as err:
+            if plan.launcher == ddist.SPAWN:
+                raise  # the job process sees every worker and names the first to fail
+            # torchrun stops the other ranks with SIGTERM when one fails: no failure of
+            # their own to post, but rank 0 records the one that caused it
+            own = None if isinstance(err, Interrupted) else _failure_message(err)
+            earlier = ddist.first_failure(placement.rank, own, _traceback_text(err))
+            if earlier is not None and placement.is_main and not isinstance(err, ConfigError):
+                raise earlier from err  # (a config error is every rank's own: exit 2, as it is)
+            raise
 
 
 def _agree_on_output_dir(out_dir: Path, placement: ddist.Placement) -> Path:
@@ -370,10 +381,16 @@ def _failure_message(err: BaseException) -> str:
         return f"worker {err.error_index} raised {last.strip()}"
     if isinstance(err, mp.ProcessExitedException):
         return f"worker {err.error_index} died: {err}"
+    if isinstance(err, ddist.PeerFailure):
+        return str(err)
     return f"{type(err).__name__}: {err}"
 
 
 def _traceback_text(err: BaseException) -> str:
     if isinstance(err, mp.ProcessRaisedException):
         return str(err)
+    if isinstance(err, ddist.PeerFailure):
+        own = "".join(traceback.format_exception(err.__cause__)) if err.__cause__ else ""
+        return (f"{err.traceback_text}\n(rank {err.rank}'s traceback; global rank 0 then "
+                f"stopped with:)\n{own}")
     return "".join(traceback.format_exception(err))
