@@ -132,14 +132,24 @@ def test_a_run_that_failed_before_any_epoch_leaves_its_directory_free(tmp_path):
     assert read_run(tmp_path)["status"] == "completed" and len(read_rows(tmp_path)) == 1
 
 
+def test_a_fixed_sweep_subdir_is_refused_before_any_job(tmp_path):
+    proc = run_train(*QUICK, "train.epochs=1", "optim.lr=0.01,0.1", f"hydra.sweep.dir={tmp_path}/sweep",
+                     "hydra.sweep.subdir=same", "-m", timeout=60)
+    assert proc.returncode == 2, output(proc)
+    assert ("error: hydra.sweep.subdir=same names one directory for every job of this sweep "
+            "(optim.lr=0.01,0.1)") in output(proc)
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_two_jobs_of_a_sweep_given_one_directory_keep_the_first_and_count_the_second(tmp_path):
+    # a subdir that varies, but not with what the sweep varies
     proc = run_train(*QUICK, "train.epochs=1", "optim.lr=0.01,0.1", f"hydra.sweep.dir={tmp_path}",
-                     "hydra.sweep.subdir=same", "-m")
+                     "hydra.sweep.subdir=seed${train.seed}", "-m")
     assert proc.returncode == 1, output(proc)
     text = output(proc)
-    assert f"{tmp_path}/same already holds run files (results.csv, run.json)" in text
+    assert f"{tmp_path}/seed0 already holds run files (results.csv, run.json)" in text
     assert "2 run(s), 1 completed" in text and "optim.lr=0.1 " in text
-    rows, run = read_rows(tmp_path / "same"), read_run(tmp_path / "same")
+    rows, run = read_rows(tmp_path / "seed0"), read_run(tmp_path / "seed0")
     assert [r["lr"] for r in rows] == ["0.01"] and run["status"] == "completed"
     assert run["config"]["optim"]["lr"] == 0.01
 

@@ -85,7 +85,28 @@ class FreshOutputDir(Callback):
         refuse_a_used_dir(config, "run")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_a_shared_subdir(config)
         refuse_a_used_dir(config, "sweep")
+
+
+def refuse_a_shared_subdir(config: DictConfig) -> None:
+    """Exit 2 if hydra.sweep.subdir is one fixed name and the sweep has several jobs: each
+    job would write into the first's directory (Hydra replaces its .hydra/ files before
+    any check of ours could run; launch then refuses every job after the first)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
+    if subdir is None or "${" in str(subdir):
+        return
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}  # an experiment's grid
+    lines = [*config.hydra.overrides.task, *(f"{key}={value}" for key, value in params.items())]
+    swept = [o.input_line for o in OverridesParser.create().parse_overrides(lines)
+             if o.is_sweep_override()]
+    if swept:
+        print(f"error: hydra.sweep.subdir={subdir} names one directory for every job of this sweep "
+              f"({', '.join(swept)}); leave it unset (${{hydra.job.num}}: 0, 1, ...) or put "
+              "${hydra.job.num} in it (nothing was started)", file=sys.stderr)
+        sys.exit(2)
 
 
 def refuse_a_used_dir(config: DictConfig, mode: str) -> None:
