@@ -62,14 +62,18 @@ def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path) -> Path | None:
     other_batch = {"batch_size", "global_batch_size"} - {SCALING_KINDS[kind]}
     keys = [k for k in config_keys(table.columns) if k not in (*WORLD, *other_batch)]
     labels = table.group + ": " + _labels(table, keys, always=(SCALING_KINDS[kind],))
+    noted = set()  # (axes, x, text): groups that meet at a point (every baseline) print it once
     for i, (label, group) in enumerate(shown.groupby(labels[shown.index], sort=False)):
         style = dict(color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker="o", label=label)
         speed_ax.plot(group.world_size.astype(float), group.speedup, **style)
         eff_ax.plot(group.world_size.astype(float), group.efficiency, **style)
         if total <= 3:  # few lines: print the numbers next to the points
             for x, speedup, efficiency in group[["world_size", "speedup", "efficiency"]].values:
-                speed_ax.annotate(f"{speedup:.2f}×", (x, speedup), **_NOTE)
-                eff_ax.annotate(f"{efficiency:.2f}", (x, efficiency), **_NOTE)
+                for ax, value, text in ((speed_ax, speedup, f"{speedup:.2f}×"),
+                                        (eff_ax, efficiency, f"{efficiency:.2f}")):
+                    if (id(ax), x, text) not in noted:
+                        noted.add((id(ax), x, text))
+                        ax.annotate(text, (x, value), **_NOTE)
     _world_axis(speed_ax, sizes)
     _world_axis(eff_ax, sizes)
     if speed_ax.get_xscale() == "log":  # log-log: the ideal line is straight, gaps read as ratios

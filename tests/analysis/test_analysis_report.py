@@ -204,3 +204,21 @@ def test_runs_without_any_rows_are_listed(tmp_path):
     ]
     assert runs.epochs_done.tolist() == [0, 0, 0]
     assert "**No run could be analysed**" in (tmp_path / "report.md").read_text()
+
+
+def test_groups_meeting_at_a_point_print_its_figure_once(tmp_path, monkeypatch):
+    # Two groups alike in speed: both lines pass through 1.00× at world size 1 and 1.60× at
+    # 2; the figures printed beside the points must not be drawn over each other.
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for lr in (0.1, 0.01):
+        write_run(f"{lr}-1", lr=lr)
+        write_run(f"{lr}-2", lr=lr, world_size=2, images_per_sec=(1600.0,) * 3)
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    plots.plot_scaling(analyse([sweep_dir]).scaling, "weak", tmp_path / "weak.png")
+    speed_ax, eff_ax = figures[0].axes[:2]
+    assert sorted(t.get_text() for t in speed_ax.texts) == ["1.00×", "1.60×"]
+    assert sorted(t.get_text() for t in eff_ax.texts) == ["0.80", "1.00"]
+    assert len(speed_ax.get_lines()) == 3  # the ideal line and both groups' lines
