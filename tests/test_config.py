@@ -226,9 +226,10 @@ def test_cfg_job_shows_the_composed_config():
     assert "lr: 0.05" in proc.stdout and "num_gpus: 1" in proc.stdout
 
 
-def test_printing_the_resolved_hydra_config_creates_no_directories(tmp_path):
+@pytest.mark.parametrize("cfg", [["--cfg", "hydra"], ["-chydra"], ["--cf", "all"]])
+def test_printing_the_resolved_hydra_config_creates_no_directories(tmp_path, cfg):
     # resolving hydra.run.dir and hydra.sweep.dir claims them; a print must not leave them
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "--cfg", "hydra", "--resolve"],
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *cfg, "--resolve"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, output(proc)
     assert "dir: outputs/" in proc.stdout and "dir: multirun/" in proc.stdout

@@ -136,8 +136,7 @@ def test_several_nodes_on_the_local_submitit_launcher_are_refused_in_one_line(tm
     assert "Traceback" not in output(proc)
     # nothing was started, not even the one-node job, and nothing was left: not Hydra's
     # multirun.yaml, nor (unless given) the sweep directory claimed for it
-    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert not list(tmp_path.glob("multirun/*/*"))  # no multirun/<date>/<time>
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_torchrun_two_nodes_over_loopback(tmp_path):
@@ -186,6 +185,19 @@ def test_under_torchrun_rank_0_records_the_rank_that_failed_first(tmp_path, node
     assert run["status"] == "failed", run
     assert run["error"] == "rank 1 raised RuntimeError: injected failure on rank 1", logs
     assert 'raise RuntimeError(f"injected failure on rank {rank}")' in run["traceback"]
+
+
+def test_a_sweep_under_torchrun_is_refused_before_any_job(tmp_path):
+    # each worker would run the whole sweep, and one rank's failure would hold the others
+    proc = subprocess.run(
+        [*TORCHRUN, "--standalone", "--nproc-per-node=2", str(REPO / "train.py"), *QUICK,
+         "optim.lr=0.01,0.1", "-m"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode != 0
+    assert output(proc).count("error: -m under torchrun: each process torchrun starts is one "
+                              "worker of one run") == 1
+    assert not list(tmp_path.iterdir())
 
 
 def _descendants(pid: int) -> set[int]:

@@ -139,6 +139,10 @@ def test_a_fixed_sweep_subdir_is_refused_before_any_job(tmp_path):
     assert ("error: hydra.sweep.subdir=same names one directory for every job of this sweep "
             "(optim.lr=0.01,0.1)") in output(proc)
     assert not (tmp_path / "sweep").exists()
+    one_job = run_train(*QUICK, "train.epochs=1", "optim.lr=choice(0.1)", f"hydra.sweep.dir={tmp_path}/one",
+                        "hydra.sweep.subdir=same", "-m")
+    assert one_job.returncode == 0, output(one_job)
+    assert read_run(tmp_path / "one" / "same")["status"] == "completed"
 
 
 def test_two_jobs_of_a_sweep_given_one_directory_keep_the_first_and_count_the_second(tmp_path):

@@ -421,29 +421,21 @@ class PeerFailure(RuntimeError):
         self.rank, self.traceback_text = rank, traceback_text
 
 
-_FIRST_FAILURE = "ddpscale/first_failure"
+def first_stop(run: str, rank: int, stop: dict) -> dict | None:
+    """Post why this rank stopped (`stop`: kind "failed" with error and traceback, or
+    "interrupted" with signum) as the first stop of run `run` unless another rank's came
+    first, and return the first (with its "rank"); None when the store is gone.
 
-
-def first_failure(rank: int, error: str | None, traceback_text: str = "") -> PeerFailure | None:
-    """Post this rank's failure to the process group's store unless another rank's came
-    first (error None: only look), and return that other rank's failure, if any. Under
-    torchrun or SLURM each rank is its own process, and only rank 0 writes run.json:
+    Under torchrun or SLURM each rank is its own process and only rank 0 writes run.json:
     without this it records its own symptom (gloo's "Connection closed by peer", or
-    torchrun's SIGTERM) instead of the cause."""
+    torchrun's SIGTERM) instead of the cause. `run` keys the entry: torchrun's store
+    outlives the process groups of a sweep's jobs."""
     try:
         store = dist.distributed_c10d._get_default_store()  # torch has no public accessor
-        if error is None:
-            if not store.check([_FIRST_FAILURE]):
-                return None
-            first = json.loads(store.get(_FIRST_FAILURE))
-        else:
-            mine = json.dumps({"rank": rank, "error": error, "traceback": traceback_text})
-            first = json.loads(store.compare_set(_FIRST_FAILURE, "", mine))
+        mine = json.dumps({**stop, "rank": rank})
+        return json.loads(store.compare_set(f"ddpscale/first_stop/{run}", "", mine))
     except Exception:  # noqa: BLE001 - the store went with the process hosting it
         return None
-    if first["rank"] == rank:
-        return None
-    return PeerFailure(first["rank"], first["error"], first["traceback"])
 
 
 @contextmanager

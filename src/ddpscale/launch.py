@@ -37,8 +37,9 @@ class Interrupted(BaseException):
     """SIGINT or SIGTERM reached the run. A BaseException, like KeyboardInterrupt, so that
     no `except Exception` on the way (a download's retry, say) mistakes it for a failure."""
 
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+    def __init__(self, signum: int, rank: int | None = None):
+        where = "" if rank is None else f" on rank {rank}"
+        super().__init__(f"stopped by {signal.Signals(signum).name}{where}")
         self.signum = signum
 
 
@@ -335,13 +336,27 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
         except (Exception, Interrupted) as err:
             if plan.launcher == ddist.SPAWN:
                 raise  # the job process sees every worker and names the first to fail
-            # torchrun stops the other ranks with SIGTERM when one fails: no failure of
-            # their own to post, but rank 0 records the one that caused it
-            own = None if isinstance(err, Interrupted) else _failure_message(err)
-            earlier = ddist.first_failure(placement.rank, own, _traceback_text(err))
-            if earlier is not None and placement.is_main and not isinstance(err, ConfigError):
-                raise earlier from err  # (a config error is every rank's own: exit 2, as it is)
+            _raise_first_stop(err, str(out_dir), placement)
             raise
+
+
+def _raise_first_stop(err: BaseException, run: str, placement: ddist.Placement) -> None:
+    """Under torchrun/SLURM: post why this rank stopped; on global rank 0, raise the
+    first rank's stop instead of its own when that came first. When a rank fails,
+    torchrun SIGTERMs the others and gloo breaks their connections: symptoms, which
+    run.json must not report as the cause (nor a Ctrl-C on another node as a failure)."""
+    if isinstance(err, Interrupted):
+        stop = {"kind": "interrupted", "signum": err.signum}
+    else:
+        stop = {"kind": "failed", "error": _failure_message(err), "traceback": _traceback_text(err)}
+    first = ddist.first_stop(run, placement.rank, stop)
+    if not placement.is_main or first is None or first["rank"] == placement.rank:
+        return
+    if isinstance(err, ConfigError):
+        return  # every rank's own: exit 2, as it is
+    if first["kind"] == "failed":
+        raise ddist.PeerFailure(first["rank"], first["error"], first["traceback"]) from err
+    raise Interrupted(first["signum"], first["rank"]) from err
 
 
 def _agree_on_output_dir(out_dir: Path, placement: ddist.Placement) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -57,9 +58,19 @@ def register_resolvers(argv: list[str] | None = None) -> None:
     --resolve` resolves the output directories too) is shown their names but creates none.
     """
     if not OmegaConf.has_resolver("ddpscale_dir"):
-        create = not any(arg in ("--cfg", "-c") or arg.startswith("--cfg=") for arg in argv or [])
+        create = _prints_only(argv or []) is None
         OmegaConf.register_new_resolver(
             "ddpscale_dir", lambda base: claim_dir(base, create), use_cache=True)
+
+
+def _prints_only(argv: list[str]) -> str | None:
+    """The --cfg of a command line (job, hydra, all), read as Hydra reads it (-chydra, --cf)."""
+    from hydra._internal.utils import get_args_parser  # the parser @hydra.main uses
+
+    try:
+        return get_args_parser().parse_known_args(argv)[0].cfg
+    except SystemExit:  # a malformed command line: Hydra will say so itself
+        return None
 
 
 def sweep_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
@@ -85,8 +96,30 @@ class FreshOutputDir(Callback):
         refuse_a_used_dir(config, "run")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_a_sweep_in_every_worker(config)
         refuse_a_shared_subdir(config)
         refuse_a_used_dir(config, "sweep")
+
+
+def refuse_a_sweep_in_every_worker(config: DictConfig) -> None:
+    """Exit 2 for `-m` in a process that torchrun or srun started as one worker: every
+    worker would run the whole sweep on its own, and a job that fails on one rank leaves
+    the others waiting for it in the next job."""
+    from ddpscale.distributed import SPAWN, detect_launcher, launched_placement
+
+    launcher = detect_launcher()
+    target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+    if launcher == SPAWN or not target.endswith("BasicLauncher"):
+        return  # the sweep runs here and starts the workers, or submitit starts each job's tasks
+    if not launched_placement(launcher).is_main:
+        sys.exit(2)  # said once, by global rank 0
+    starter = "torchrun" if launcher == "torchrun" else "srun"
+    print(f"error: -m under {starter}: each process {starter} starts is one worker of one run, and "
+          "would run the whole sweep by itself; sweep from one plain process instead "
+          "(python train.py ... -m starts every job's workers; hydra/launcher=slurm submits "
+          f"each job to SLURM), or start {starter} once per run (nothing was started)",
+          file=sys.stderr)
+    sys.exit(2)
 
 
 def refuse_a_shared_subdir(config: DictConfig) -> None:
@@ -100,13 +133,20 @@ def refuse_a_shared_subdir(config: DictConfig) -> None:
         return
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}  # an experiment's grid
     lines = [*config.hydra.overrides.task, *(f"{key}={value}" for key, value in params.items())]
-    swept = [o.input_line for o in OverridesParser.create().parse_overrides(lines)
-             if o.is_sweep_override()]
-    if swept:
+    swept = [o for o in OverridesParser.create().parse_overrides(lines) if o.is_sweep_override()]
+    if math.prod(_values(o) for o in swept) > 1:
         print(f"error: hydra.sweep.subdir={subdir} names one directory for every job of this sweep "
-              f"({', '.join(swept)}); leave it unset (${{hydra.job.num}}: 0, 1, ...) or put "
+              f"({', '.join(o.input_line for o in swept)}); leave it unset (${{hydra.job.num}}: 0, 1, ...) or put "
               "${hydra.job.num} in it (nothing was started)", file=sys.stderr)
         sys.exit(2)
+
+
+def _values(override: Any) -> int:
+    """How many values a sweep override takes (2 stands for a glob: its options are unknown here)."""
+    try:
+        return len(list(override.sweep_string_iterator()))
+    except Exception:  # noqa: BLE001 - hydra raises its own exception type for glob()
+        return 2
 
 
 def refuse_a_used_dir(config: DictConfig, mode: str) -> None:

@@ -129,6 +129,16 @@ def test_findings_name_a_figure_once_when_every_group_has_it(tmp_path, second_th
     assert "5%–5%" not in findings and "to -0.020" not in findings
 
 
+def test_a_figure_shared_by_some_groups_says_how_many(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for lr in (0.1, 0.01, 0.001):
+        start, end = ([0.6, 0.8, 0.9], [0.6, 0.8, 0.88]) if lr != 0.001 else (["", "", ""],) * 2
+        write_run(f"{lr}-1", lr=lr, val_acc=start)
+        write_run(f"{lr}-2", lr=lr, world_size=2, images_per_sec=(1600.0,) * 3, val_acc=end)
+    findings = " ".join(key_findings(analyse([sweep_dir])))
+    assert "final val_acc changes by -0.020 in the 2 groups that report it." in findings
+
+
 def test_runs_at_the_same_time_on_one_host_are_called_out(tmp_path):
     # Two sweeps started together on one machine: every run measured the others' load.
     sweep_dir, write_run = new_sweep(tmp_path)

@@ -75,6 +75,11 @@ class _ShapedLauncher(BaseSubmititLauncher):
             raw = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["dir"]
             if "${ddpscale_dir:" in str(raw):
                 sweep_dir.rmdir()
+                # and multirun/<date>, multirun when it alone filled them (relative: below the cwd)
+                for folder in list(sweep_dir.parents)[: len(sweep_dir.parts) - 1]:
+                    if folder.is_absolute() or any(folder.iterdir()):
+                        break
+                    folder.rmdir()
 
     def _one_after_another(self, jobs: list[tuple[int, list[str], tuple[int, int]]]) -> list[JobReturn]:
         """Run local jobs one at a time: run together, they would share the cores, and
