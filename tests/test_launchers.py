@@ -187,6 +187,27 @@ def test_under_torchrun_rank_0_records_the_rank_that_failed_first(tmp_path, node
     assert 'raise RuntimeError(f"injected failure on rank {rank}")' in run["traceback"]
 
 
+def test_ctrl_c_on_another_node_is_recorded_as_interrupted_not_failed(tmp_path):
+    """Node 1's rank stops on SIGINT; rank 0 on node 0 then loses its gloo connection. Its
+    run.json must say interrupted, by whom, not "failed: Connection closed by peer"."""
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [*TORCHRUN, "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+             "--master-addr=127.0.0.1", f"--master-port={port}", str(REPO / "train.py"), *QUICK,
+             "train.epochs=200", f"hydra.run.dir={tmp_path}/run"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
+        for rank in range(2)
+    ]
+    _wait_for_epochs(nodes[0], tmp_path / "run", 1)
+    os.killpg(nodes[1].pid, signal.SIGINT)  # Ctrl-C in node 1's terminal
+    logs = [n.communicate(timeout=120)[0] for n in nodes]
+    run = read_run(tmp_path / "run")
+    assert (run["status"], run["error"]) == ("interrupted", "stopped by SIGINT on rank 1"), logs
+
+
 def test_a_sweep_under_torchrun_is_refused_before_any_job(tmp_path):
     # each worker would run the whole sweep, and one rank's failure would hold the others
     proc = subprocess.run(
