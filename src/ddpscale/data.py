@@ -64,6 +64,8 @@ def prepare(cfg: DataConfig, world_size: int) -> None:
     any worker starts: a mismatch then fails with the key's name, not inside a worker."""
     if cfg.name == "synthetic":
         train_count = cfg.train_size or _SYNTHETIC_DEFAULT_SIZE[True]
+    elif cfg.name not in _IDX_DATASETS:  # a data set of the user's (DATASETS)
+        train_count = len(load_split(cfg, train=True))
     else:
         folder = _raw_folder(cfg)
         if _missing_files(folder):
@@ -117,19 +119,13 @@ def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
 
 def load_split(cfg: DataConfig, train: bool) -> Split:
     """The first train_size / val_size examples of a split, as tensors."""
-    loaders: dict[str, Callable[[DataConfig, bool], Split]] = {"synthetic": _synthetic}
-    loaders.update({name: _idx_split for name in _IDX_DATASETS})
-    if cfg.name not in loaders:
-        raise ConfigError(f"data={cfg.name!r} is unknown; valid: {', '.join(sorted(loaders))}")
-    split = loaders[cfg.name](cfg, train)
+    if cfg.name not in DATASETS:
+        raise ConfigError(f"data={cfg.name!r} is unknown; valid: {', '.join(DATASETS)}")
+    split = DATASETS[cfg.name](cfg, train)
     return split.head(cfg.train_size if train else cfg.val_size)
 
 
 def _raw_folder(cfg: DataConfig) -> Path:
-    if cfg.name not in _IDX_DATASETS:
-        raise ConfigError(
-            f"data={cfg.name!r} is unknown; valid: synthetic, {', '.join(_IDX_DATASETS)}"
-        )
     return Path(cfg.root).expanduser() / _IDX_DATASETS[cfg.name] / "raw"
 
 
@@ -232,6 +228,15 @@ def _synthetic(cfg: DataConfig, train: bool) -> Split:
     labels = torch.randint(cfg.num_classes, (n,), generator=g)
     noise = torch.randn(n, cfg.channels, cfg.image_size, cfg.image_size, generator=g)
     return Split(prototypes[labels] + cfg.noise * noise, labels)
+
+
+# data option -> loader (config, training split?) -> the whole split in memory. A data set
+# of your own is one more entry (and a conf/data/<name>.yaml); prepare() counts its examples.
+DATASETS: dict[str, Callable[[DataConfig, bool], Split]] = {
+    "fashion_mnist": _idx_split,
+    "mnist": _idx_split,
+    "synthetic": _synthetic,
+}
 
 
 def normalised(split: Split, cfg: DataConfig) -> torch.Tensor:

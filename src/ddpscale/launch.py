@@ -129,6 +129,7 @@ def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0
         record.start(overrides=overrides, config=as_dict(cfg), launcher=launcher,
                      output_dir=str(out_dir), world_size=_world(cfg))
     validate(cfg)
+    _check_registered(cfg)
     device, backend = ddist.resolve_device(cfg.distributed, notice=log.info if holds_rank0 else _quiet)
     validate_for_device(cfg, device)
     if holds_rank0:
@@ -141,6 +142,22 @@ def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0
         data_lib.prepare(cfg.data, _world(cfg))
         return _spawn(cfg, worker, out_dir, device, backend)
     return _in_place(cfg, worker, out_dir, device, backend, launcher, placement)
+
+
+def _check_registered(cfg: Config) -> None:
+    """The workers look the model, optimizer and data set up by name: an unknown one fails
+    here, with the registry a plug-in of one's own goes into."""
+    from ddpscale.models import MODELS
+    from ddpscale.optim import OPTIMIZERS
+
+    for key, name, registry, where in (
+        ("model", cfg.model.name, MODELS, "ddpscale.models.MODELS"),
+        ("optim", cfg.optim.name, OPTIMIZERS, "ddpscale.optim.OPTIMIZERS"),
+        ("data", cfg.data.name, data_lib.DATASETS, "ddpscale.data.DATASETS"),
+    ):
+        if name not in registry:
+            raise ConfigError(f"{key}={name!r} is unknown; valid: {', '.join(registry)}; one of "
+                              f"your own goes into {where} (README: Extending)")
 
 
 def _notices(cfg: Config, device: str, launcher: str) -> None:

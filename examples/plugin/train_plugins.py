@@ -1,0 +1,20 @@
+"""train.py with the plug-ins of my_plugins.py and their YAML options on Hydra's search path.
+
+    python examples/plugin/train_plugins.py model=mlp data=stripes distributed.num_gpus=2
+"""
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # my_plugins, and train.py of the checkout
+# hydra/launcher=slurm's tasks unpickle the config, whose MLPConfig names my_plugins
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+
+import my_plugins  # noqa: E402,F401  (registers the model, the data set and the schema)
+import train  # noqa: E402
+
+if __name__ == "__main__":
+    sys.argv.insert(1, f"hydra.searchpath=[file://{HERE / 'conf'}]")  # conf/model/mlp.yaml, ...
+    train.main()

@@ -1,0 +1,37 @@
+"""A model and a data set of one's own (examples/plugin), as the README's Extending says."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import QUICK, output, read_rows, read_run, run_train
+
+pytestmark = pytest.mark.slow
+SCRIPT = "examples/plugin/train_plugins.py"
+PLUGINS = ["model=mlp", "model.hidden=32", "data=stripes", "data.train_size=512", "data.val_size=128"]
+
+
+@pytest.mark.parametrize("launcher", ["spawn", "slurm_local"])
+def test_a_plugged_in_model_and_data_set_train_with_two_workers(tmp_path, launcher):
+    where = ([f"hydra.run.dir={tmp_path}/run"] if launcher == "spawn" else
+             ["hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "hydra.sweep.subdir=run", "-m"])
+    proc = run_train(*QUICK, *PLUGINS, "distributed.num_gpus=2", *where, script=SCRIPT)
+    assert proc.returncode == 0, output(proc)
+    rows = read_rows(tmp_path / "run")
+    assert (rows[-1]["model"], rows[-1]["dataset"], rows[-1]["world_size"]) == ("mlp", "stripes", "2")
+    assert float(rows[-1]["val_acc"]) > 0.6  # two classes: it learns them
+    run = read_run(tmp_path / "run")
+    assert run["replicas_identical"] and run["config"]["model"]["hidden"] == 32
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.name=mlp2", "model='mlp2' is unknown; valid: cnn, wide_resnet, mlp; one of your own "
+                        "goes into ddpscale.models.MODELS"),
+    ("data.name=stripes2", "data='stripes2' is unknown; valid: fashion_mnist, mnist, synthetic, "
+                           "stripes; one of your own goes into ddpscale.data.DATASETS"),
+])
+def test_an_unregistered_name_fails_before_any_worker(tmp_path, override, message):
+    proc = run_train(*QUICK, *PLUGINS, override, "distributed.num_gpus=2",
+                     f"hydra.run.dir={tmp_path}", script=SCRIPT, timeout=60)
+    assert proc.returncode == 2, output(proc)
+    assert message in output(proc) and "starting 2 worker(s)" not in output(proc)
