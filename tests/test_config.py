@@ -161,6 +161,9 @@ def test_bad_values_name_the_key(overrides, error):
      "data.batch_size=512 is more than each of the 2 worker(s) gets (256 of 512"),
     (["distributed.comm_hook=shm", "distributed.num_nodes=2", "distributed.master_addr=127.0.0.1",
       "distributed.master_port=29999"], "distributed.comm_hook=shm needs CPU workers on one node"),
+    # without -m, Hydra would run one job with none of the experiment's grid values
+    (["+experiment=scaling_study"], "this config holds a sweep grid (hydra.sweeper.params: "
+                                    "distributed.num_gpus=1,2,4, data.batch_size=64,256"),
 ])
 def test_bad_input_on_the_command_line_fails_fast(tmp_path, overrides, message):
     start = time.monotonic()

@@ -93,7 +93,20 @@ class FreshOutputDir(Callback):
     claimed fresh (`claim_dir`) and need no check. Exits 2 with the fix."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_a_grid_without_multirun(config)
         refuse_a_used_dir(config, "run")
+
+
+def refuse_a_grid_without_multirun(config: DictConfig) -> None:
+    """Exit 2 for a config that holds a sweep grid (an experiment's hydra.sweeper.params)
+    run without -m: Hydra would quietly run one job with none of the grid's values."""
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    if params:
+        grid = ", ".join(f"{key}={value}" for key, value in params.items())
+        print(f"error: this config holds a sweep grid (hydra.sweeper.params: {grid}), which only "
+              "-m runs; add -m, or leave out the experiment for a single run (nothing was started)",
+              file=sys.stderr)
+        sys.exit(2)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_a_sweep_in_every_worker(config)
