@@ -139,6 +139,18 @@ def test_several_nodes_on_the_local_submitit_launcher_are_refused_in_one_line(tm
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_slurm_launcher_off_a_cluster_says_so_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *QUICK, "distributed.num_gpus=1,2",
+         "hydra/launcher=slurm", "-m"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/bin"})  # no sbatch here
+    assert proc.returncode == 2, output(proc)
+    assert "error: hydra/launcher=slurm submits each job with sbatch, which this machine does not have" in output(proc)
+    assert "Traceback" not in output(proc)
+    assert list(tmp_path.iterdir()) == []  # no multirun/<date>/<time> that looks like a sweep
+
+
 def test_torchrun_two_nodes_over_loopback(tmp_path):
     port = free_port()
     nodes = [

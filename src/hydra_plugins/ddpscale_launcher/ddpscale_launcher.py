@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -50,6 +51,12 @@ class _ShapedLauncher(BaseSubmititLauncher):
                   "hydra/launcher=slurm on a cluster (nothing was started)", file=sys.stderr)
             self._take_back_multirun_yaml()
             sys.exit(2)  # like a config error; Hydra would print its own traceback for an exception
+        if self._EXECUTOR == "slurm" and shutil.which("sbatch") is None:
+            print("error: hydra/launcher=slurm submits each job with sbatch, which this machine "
+                  "does not have; run the sweep on a SLURM login node, or use "
+                  "hydra/launcher=slurm_local here (nothing was started)", file=sys.stderr)
+            self._take_back_multirun_yaml()
+            sys.exit(2)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("Submitit '%s' sweep output dir : %s", self._EXECUTOR, sweep_dir)
