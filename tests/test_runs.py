@@ -130,6 +130,9 @@ def test_a_run_that_failed_before_any_epoch_leaves_its_directory_free(tmp_path):
     fixed = run_train(*QUICK, "train.epochs=1", "optim.lr=0.1", f"hydra.run.dir={tmp_path}")
     assert fixed.returncode == 0, output(fixed)
     assert read_run(tmp_path)["status"] == "completed" and len(read_rows(tmp_path)) == 1
+    log = (tmp_path / "train.log").read_text()  # Hydra appends: the typo's error stays above
+    assert log.index("optim.lr=0.0 must be > 0") < log.index(
+        "this directory held a run that failed before any epoch ended (optim.lr=0.0 must be > 0)")
 
 
 def test_a_fixed_sweep_subdir_is_refused_before_any_job(tmp_path):

@@ -96,6 +96,12 @@ def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]
             log.error("error: %s", message)
             return Outcome("failed", message, exit_code=2, recorded=False)
         record = RunRecord(out_dir) if holds_rank0 else None
+        if record and record.path.exists():  # a run that ended before any epoch left it
+            earlier = record.read()
+            ended = {"failed": "failed"}.get(earlier.get("status"), "was stopped")
+            log.info("this directory held a run that %s before any epoch ended (%s); the lines "
+                     "above in train.log are that run's, and its run.json is replaced", ended,
+                     earlier.get("error") or "no error recorded")
         try:
             summary = _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0, record)
         finally:
