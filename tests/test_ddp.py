@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import QUICK, fashion_mnist_root, output, read_rows, read_run, run_train, spawn
-from ddpscale.config import DataConfig
-from ddpscale.data import build_data
+from ddpscale.config import ConfigError, DataConfig
+from ddpscale.data import DATASETS, Split, build_data, prepare
 from ddpscale.distributed import Placement, Rendezvous, host_store, process_group
 from ddpscale.results import REQUIRED_COLUMNS
 
@@ -87,6 +87,29 @@ def test_memory_and_dataloader_paths_serve_the_same_normalised_images(name):
     (x_mem, y_mem), (x_dl, y_dl) = batches["memory"], batches["dataloader"]
     assert torch.equal(y_mem, y_dl)
     torch.testing.assert_close(x_mem, x_dl, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("channels", [3, 4])
+def test_a_plugged_in_uint8_data_set_of_several_channels_serves_alike_on_both_paths(monkeypatch, channels):
+    def colour(cfg, train):
+        g = torch.Generator().manual_seed(0 if train else 1)
+        n = 40 if train else 8
+        return Split(torch.randint(256, (n, channels, 12, 12), dtype=torch.uint8, generator=g),
+                     torch.randint(3, (n,), generator=g))
+
+    monkeypatch.setitem(DATASETS, "colour", colour)
+    cfg = DataConfig(name="colour", channels=channels, image_size=12, num_classes=3, mean=0.5, std=0.25,
+                     batch_size=8)
+    prepare(cfg, world_size=2)  # shape, classes and sizes fit the config
+    batches = []
+    for loader in ("memory", "dataloader"):
+        cfg.loader = loader
+        bundle = build_data(cfg, rank=0, world_size=1, seed=0, device=torch.device("cpu"))
+        bundle.train.set_epoch(1)
+        batches.append(next(iter(bundle.train)))
+    torch.testing.assert_close(batches[0][0], batches[1][0], rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match="data.num_classes=2"):
+        prepare(DataConfig(name="colour", channels=channels, image_size=12, num_classes=2), 2)
 
 
 @pytest.mark.slow

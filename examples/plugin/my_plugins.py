@@ -2,8 +2,8 @@
 
 Kept in a module of its own (not in the script) so that every process that needs the
 entries imports it: spawned workers re-run the script's imports, and the tasks of
-hydra/launcher=slurm import this module when they unpickle the config (MLPConfig lives
-here; train_plugins.py puts this folder on PYTHONPATH for them).
+hydra/launcher=slurm import this module when they unpickle the config, which names its
+schema classes (train_plugins.py puts this folder on PYTHONPATH for them).
 """
 
 from dataclasses import dataclass
@@ -37,19 +37,29 @@ def mlp(cfg: MLPConfig, data: DataConfig) -> nn.Module:
     return nn.Sequential(nn.Flatten(), *body, nn.Linear(width, data.num_classes))
 
 
-def stripes(cfg: DataConfig, train: bool) -> Split:
-    """Horizontal or vertical stripes at a random phase, with noise: an easy two-class set."""
+@dataclass
+class StripesConfig(DataConfig):
+    """DataConfig's keys plus the stripes' own. (A schema of its own also makes the tasks
+    of hydra/launcher=slurm import this module: the pickled config names the class.)"""
+
+    frequency: float = 0.8
+    """Radians per pixel across the stripes."""
+
+
+def stripes(cfg: StripesConfig, train: bool) -> Split:
+    """Horizontal or vertical stripes at a random phase, with noise: a two-class set."""
     n = (cfg.train_size if train else cfg.val_size) or (4096 if train else 1024)
     g = torch.Generator().manual_seed(cfg.seed + (0 if train else 1))  # the same on every rank
     labels = torch.randint(2, (n,), generator=g)
     phase = torch.rand(n, 1, generator=g) * 6.28
     axis = torch.arange(cfg.image_size, dtype=torch.float32)
-    wave = torch.sin(axis * 0.8 + phase)  # (n, size)
+    wave = torch.sin(axis * cfg.frequency + phase)  # (n, size)
     images = torch.where(labels[:, None, None] == 0, wave[:, :, None], wave[:, None, :])
     images = images.expand(n, cfg.image_size, cfg.image_size).unsqueeze(1).repeat(1, cfg.channels, 1, 1)
     return Split(images + cfg.noise * torch.randn(images.shape, generator=g), labels)
 
 
 ConfigStore.instance().store(group="schema/model", name="mlp", node=MLPConfig)
+ConfigStore.instance().store(group="schema/data", name="stripes", node=StripesConfig)
 MODELS["mlp"] = mlp
 DATASETS["stripes"] = stripes

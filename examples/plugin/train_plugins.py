@@ -9,8 +9,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # my_plugins, and train.py of the checkout
-# hydra/launcher=slurm's tasks unpickle the config, whose MLPConfig names my_plugins
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+# hydra/launcher=slurm's tasks unpickle train.main and the config (whose schema classes
+# name my_plugins) from any working directory
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
 
 import my_plugins  # noqa: E402,F401  (registers the model, the data set and the schema)
 import train  # noqa: E402

@@ -65,7 +65,7 @@ def prepare(cfg: DataConfig, world_size: int) -> None:
     if cfg.name == "synthetic":
         train_count = cfg.train_size or _SYNTHETIC_DEFAULT_SIZE[True]
     elif cfg.name not in _IDX_DATASETS:  # a data set of the user's (DATASETS)
-        train_count = len(load_split(cfg, train=True))
+        train_count = _check_plugged_in(cfg)
     else:
         folder = _raw_folder(cfg)
         if _missing_files(folder):
@@ -104,6 +104,31 @@ def _check_idx(cfg: DataConfig, folder: Path) -> int:
                 f"examples); lower data.{key}, or set data.{key}=null to use them all"
             )
     return cfg.train_size or shape[0]
+
+
+def _check_plugged_in(cfg: DataConfig) -> int:
+    """The checks _check_idx makes, on a registered loader's splits; the training examples used."""
+    if cfg.name not in DATASETS:
+        raise ConfigError(f"data={cfg.name!r} is unknown; valid: {', '.join(DATASETS)}")
+    for train, key in ((True, "train_size"), (False, "val_size")):
+        split = DATASETS[cfg.name](cfg, train)
+        wanted, name = getattr(cfg, key), "training" if train else "validation"
+        if tuple(split.images.shape[1:]) != (cfg.channels, cfg.image_size, cfg.image_size):
+            raise ConfigError(
+                f"data={cfg.name}'s {name} images are {'x'.join(map(str, split.images.shape[1:]))} "
+                f"but the config says data.channels={cfg.channels}, data.image_size="
+                f"{cfg.image_size}; set those keys in its conf/data/{cfg.name}.yaml")
+        if len(split) and int(split.labels.max()) >= cfg.num_classes:
+            raise ConfigError(
+                f"data={cfg.name} has labels up to {int(split.labels.max())} but data.num_classes="
+                f"{cfg.num_classes}; set data.num_classes in its conf/data/{cfg.name}.yaml")
+        if wanted is not None and wanted > len(split):
+            raise ConfigError(
+                f"data.{key}={wanted} is more than data={cfg.name} has ({len(split)} {name} "
+                f"examples); lower data.{key}, or set data.{key}=null to use them all")
+        if train:
+            train_count = wanted or len(split)
+    return train_count
 
 
 def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
@@ -325,7 +350,12 @@ class ImageDataset(Dataset):
         image = self.split.images[i]
         if image.dtype != torch.uint8:  # synthetic data: float already, as `normalised` takes it
             return (image - self.mean) / self.std, int(self.split.labels[i])
-        pil = Image.fromarray(image.squeeze(0).numpy(), mode="L")
+        if image.shape[0] == 1:
+            pil = Image.fromarray(image[0].numpy(), mode="L")
+        elif image.shape[0] == 3:
+            pil = Image.fromarray(image.permute(1, 2, 0).numpy(), mode="RGB")
+        else:  # PIL has no mode for it: the same arithmetic on the tensor
+            return (image.float().div(255.0) - self.mean) / self.std, int(self.split.labels[i])
         return self.transform(pil), int(self.split.labels[i])
 
 

@@ -96,6 +96,11 @@ class FreshOutputDir(Callback):
         refuse_a_grid_without_multirun(config)
         refuse_a_used_dir(config, "run")
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refuse_a_sweep_in_every_worker(config)
+        refuse_a_shared_subdir(config)
+        refuse_a_used_dir(config, "sweep")
+
 
 def refuse_a_grid_without_multirun(config: DictConfig) -> None:
     """Exit 2 for a config that holds a sweep grid (an experiment's hydra.sweeper.params)
@@ -107,11 +112,6 @@ def refuse_a_grid_without_multirun(config: DictConfig) -> None:
               "-m runs; add -m, or leave out the experiment for a single run (nothing was started)",
               file=sys.stderr)
         sys.exit(2)
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        refuse_a_sweep_in_every_worker(config)
-        refuse_a_shared_subdir(config)
-        refuse_a_used_dir(config, "sweep")
 
 
 def refuse_a_sweep_in_every_worker(config: DictConfig) -> None:
