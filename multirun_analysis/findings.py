@@ -154,10 +154,13 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
     change = largest.val_acc_change.dropna()
     if len(change):
         text += f"; final val_acc changes by {_span(change, '{:+.3f}', ' to ')}"
+        if len(change) < len(largest):
+            text += (" in the one group that reports it" if len(change) == 1
+                     else f" in the {len(change)} groups that report it")
+        elif f"{change.min():+.3f}" == f"{change.max():+.3f}":
+            text += " in every group"
         if f"{change.min():+.3f}" != f"{change.max():+.3f}":
             text += f" (mean {change.mean():+.3f})"
-        elif len(change) > 1:
-            text += " in every group" if len(change) == len(largest) else f" in the {len(change)} groups that report it"
     return text + "."
 
 

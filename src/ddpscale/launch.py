@@ -375,8 +375,8 @@ def _raise_first_stop(err: BaseException, run: str, placement: ddist.Placement) 
     first = ddist.first_stop(run, placement.rank, stop)
     if not placement.is_main or first is None or first["rank"] == placement.rank:
         return
-    if isinstance(err, ConfigError):
-        return  # every rank's own: exit 2, as it is
+    if isinstance(err, ConfigError) or (isinstance(err, Interrupted) and first["kind"] == "interrupted"):
+        return  # every rank's own: exit 2 for a config error; a Ctrl-C reached this rank too
     if first["kind"] == "failed":
         raise ddist.PeerFailure(first["rank"], first["error"], first["traceback"]) from err
     raise Interrupted(first["signum"], first["rank"]) from err

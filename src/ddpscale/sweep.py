@@ -6,11 +6,14 @@ conf/config.yaml resolves. Neither touches torch.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import math
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +70,11 @@ def _prints_only(argv: list[str]) -> str | None:
     """The --cfg of a command line (job, hydra, all), read as Hydra reads it (-chydra, --cf)."""
     from hydra._internal.utils import get_args_parser  # the parser @hydra.main uses
 
+    quiet = io.StringIO()  # --version, --help or a bad option: Hydra prints it, once
     try:
-        return get_args_parser().parse_known_args(argv)[0].cfg
-    except SystemExit:  # a malformed command line: Hydra will say so itself
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            return get_args_parser().parse_known_args(argv)[0].cfg
+    except SystemExit:
         return None
 
 
@@ -125,7 +130,8 @@ def refuse_a_sweep_in_every_worker(config: DictConfig) -> None:
     if launcher == SPAWN or not target.endswith("BasicLauncher"):
         return  # the sweep runs here and starts the workers, or submitit starts each job's tasks
     if not launched_placement(launcher).is_main:
-        sys.exit(2)  # said once, by global rank 0
+        time.sleep(2)  # said once, by global rank 0: torchrun would stop it once one rank exits
+        sys.exit(2)
     starter = "torchrun" if launcher == "torchrun" else "srun"
     print(f"error: -m under {starter}: each process {starter} starts is one worker of one run, and "
           "would run the whole sweep by itself; sweep from one plain process instead "
