@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -381,6 +381,15 @@ def _validate_model(model: ModelConfig, data: DataConfig) -> None:
             raise ConfigError(
                 f"model.depth={model.depth} must be 6n+4 with n >= 1 (10, 16, 22, 28, 40)"
             )
+
+
+def registered(registry: Mapping[str, Any], key: str, name: str, where: str) -> Any:
+    """registry[name] for the `key=name` option (model=cnn), or a ConfigError that names the
+    options and the registry `where` a plug-in of one's own goes into."""
+    if name not in registry:
+        raise ConfigError(f"{key}={name!r} is unknown; valid: {', '.join(registry)}; one of "
+                          f"your own goes into {where} (README: Extending)")
+    return registry[name]
 
 
 def _at_least(key: str, value: int, low: int, what: str) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ddpscale.config import ConfigError, DataConfig
+from ddpscale.config import ConfigError, DataConfig, registered
 
 log = logging.getLogger("ddpscale")
 
@@ -108,10 +108,8 @@ def _check_idx(cfg: DataConfig, folder: Path) -> int:
 
 def _check_plugged_in(cfg: DataConfig) -> int:
     """The checks _check_idx makes, on a registered loader's splits; the training examples used."""
-    if cfg.name not in DATASETS:
-        raise ConfigError(f"data={cfg.name!r} is unknown; valid: {', '.join(DATASETS)}")
     for train, key in ((True, "train_size"), (False, "val_size")):
-        split = DATASETS[cfg.name](cfg, train)
+        split = _loader(cfg)(cfg, train)
         wanted, name = getattr(cfg, key), "training" if train else "validation"
         if tuple(split.images.shape[1:]) != (cfg.channels, cfg.image_size, cfg.image_size):
             raise ConfigError(
@@ -144,10 +142,12 @@ def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
 
 def load_split(cfg: DataConfig, train: bool) -> Split:
     """The first train_size / val_size examples of a split, as tensors."""
-    if cfg.name not in DATASETS:
-        raise ConfigError(f"data={cfg.name!r} is unknown; valid: {', '.join(DATASETS)}")
-    split = DATASETS[cfg.name](cfg, train)
+    split = _loader(cfg)(cfg, train)
     return split.head(cfg.train_size if train else cfg.val_size)
+
+
+def _loader(cfg: DataConfig) -> Callable[[DataConfig, bool], Split]:
+    return registered(DATASETS, "data", cfg.name, "ddpscale.data.DATASETS")
 
 
 def _raw_folder(cfg: DataConfig) -> Path:

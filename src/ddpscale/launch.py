@@ -24,7 +24,9 @@ import torch.multiprocessing as mp
 
 from ddpscale import data as data_lib
 from ddpscale import distributed as ddist
-from ddpscale.config import Config, ConfigError, as_dict, to_config, validate, validate_for_device
+from ddpscale.config import (
+    Config, ConfigError, as_dict, registered, to_config, validate, validate_for_device,
+)
 from ddpscale.results import RunRecord, earlier_run, taken_message
 
 log = logging.getLogger("ddpscale")
@@ -156,14 +158,9 @@ def _check_registered(cfg: Config) -> None:
     from ddpscale.models import MODELS
     from ddpscale.optim import OPTIMIZERS
 
-    for key, name, registry, where in (
-        ("model", cfg.model.name, MODELS, "ddpscale.models.MODELS"),
-        ("optim", cfg.optim.name, OPTIMIZERS, "ddpscale.optim.OPTIMIZERS"),
-        ("data", cfg.data.name, data_lib.DATASETS, "ddpscale.data.DATASETS"),
-    ):
-        if name not in registry:
-            raise ConfigError(f"{key}={name!r} is unknown; valid: {', '.join(registry)}; one of "
-                              f"your own goes into {where} (README: Extending)")
+    registered(MODELS, "model", cfg.model.name, "ddpscale.models.MODELS")
+    registered(OPTIMIZERS, "optim", cfg.optim.name, "ddpscale.optim.OPTIMIZERS")
+    registered(data_lib.DATASETS, "data", cfg.data.name, "ddpscale.data.DATASETS")
 
 
 def _notices(cfg: Config, device: str, launcher: str) -> None:

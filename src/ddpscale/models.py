@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ddpscale.config import CNNConfig, ConfigError, DataConfig, ModelConfig, WideResNetConfig
+from ddpscale.config import CNNConfig, DataConfig, ModelConfig, WideResNetConfig, registered
 
 
 class CNN(nn.Module):
@@ -88,6 +88,4 @@ MODELS: dict[str, Callable[[ModelConfig, DataConfig], nn.Module]] = {
 
 def build_model(cfg: ModelConfig, data: DataConfig) -> nn.Module:
     """The model named by `cfg.name`, shaped for the data set's channels, size and classes."""
-    if cfg.name not in MODELS:
-        raise ConfigError(f"model={cfg.name!r} is unknown; valid: {', '.join(MODELS)}")
-    return MODELS[cfg.name](cfg, data)
+    return registered(MODELS, "model", cfg.name, "ddpscale.models.MODELS")(cfg, data)

@@ -6,7 +6,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from ddpscale.config import AdamWConfig, ConfigError, OptimConfig, SGDConfig
+from ddpscale.config import AdamWConfig, ConfigError, OptimConfig, SGDConfig, registered
 
 
 def _sgd(params: Iterable[torch.nn.Parameter], cfg: SGDConfig) -> torch.optim.Optimizer:
@@ -26,9 +26,7 @@ OPTIMIZERS: dict[str, Callable] = {"sgd": _sgd, "adamw": _adamw}
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     """The optimizer named by `cfg.name` over `params`."""
-    if cfg.name not in OPTIMIZERS:
-        raise ConfigError(f"optim={cfg.name!r} is unknown; valid: {', '.join(OPTIMIZERS)}")
-    return OPTIMIZERS[cfg.name](params, cfg)
+    return registered(OPTIMIZERS, "optim", cfg.name, "ddpscale.optim.OPTIMIZERS")(params, cfg)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
