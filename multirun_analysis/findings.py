@@ -153,13 +153,14 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
         text += f"; gradient sync takes {_span(shares, '{:.0%}')} of step time there"
     change = largest.val_acc_change.dropna()
     if len(change):
-        text += f"; final val_acc changes by {_span(change, '{:+.3f}', ' to ')}"
+        span = _span(change, "{:+.3f}", " to ")
+        text += f"; final val_acc changes by {span}"
         if len(change) < len(largest):
             text += (" in the one group that reports it" if len(change) == 1
                      else f" in the {len(change)} groups that report it")
-        elif f"{change.min():+.3f}" == f"{change.max():+.3f}":
+        elif " to " not in span:
             text += " in every group"
-        if f"{change.min():+.3f}" != f"{change.max():+.3f}":
+        if " to " in span:
             text += f" (mean {change.mean():+.3f})"
     return text + "."
 

@@ -110,13 +110,18 @@ class FreshOutputDir(Callback):
 def refuse_a_grid_without_multirun(config: DictConfig) -> None:
     """Exit 2 for a config that holds a sweep grid (an experiment's hydra.sweeper.params)
     run without -m: Hydra would quietly run one job with none of the grid's values."""
-    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
-    if params:
-        grid = ", ".join(f"{key}={value}" for key, value in params.items())
-        print(f"error: this config holds a sweep grid (hydra.sweeper.params: {grid}), which only "
-              "-m runs; add -m, or leave out the experiment for a single run (nothing was started)",
-              file=sys.stderr)
+    grid = _grid(config)
+    if grid:
+        print("error: this config holds a sweep grid (hydra.sweeper.params: "
+              f"{', '.join(grid)}), which only -m runs; add -m, or leave out the experiment for a "
+              "single run (nothing was started)", file=sys.stderr)
         sys.exit(2)
+
+
+def _grid(config: DictConfig) -> list[str]:
+    """An experiment's sweep grid (hydra.sweeper.params) as override lines, key=values."""
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    return [f"{key}={value}" for key, value in params.items()]
 
 
 def refuse_a_sweep_in_every_worker(config: DictConfig) -> None:
@@ -150,13 +155,12 @@ def refuse_a_shared_subdir(config: DictConfig) -> None:
     subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
     if subdir is None or "${" in str(subdir):
         return
-    params = OmegaConf.select(config, "hydra.sweeper.params") or {}  # an experiment's grid
-    lines = [*config.hydra.overrides.task, *(f"{key}={value}" for key, value in params.items())]
+    lines = [*config.hydra.overrides.task, *_grid(config)]
     swept = [o for o in OverridesParser.create().parse_overrides(lines) if o.is_sweep_override()]
     if math.prod(_values(o) for o in swept) > 1:
         print(f"error: hydra.sweep.subdir={subdir} names one directory for every job of this sweep "
-              f"({', '.join(o.input_line for o in swept)}); leave it unset (${{hydra.job.num}}: 0, 1, ...) or put "
-              "${hydra.job.num} in it (nothing was started)", file=sys.stderr)
+              f"({', '.join(o.input_line for o in swept)}); leave it unset (${{hydra.job.num}}: "
+              "0, 1, ...) or put ${hydra.job.num} in it (nothing was started)", file=sys.stderr)
         sys.exit(2)
 
 
