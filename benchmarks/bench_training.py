@@ -14,7 +14,9 @@ Every figure is measured in this run, on this machine, each in its own process:
    all-reduce, the default, and gloo's); 2 textbook workers; and the machine's limit:
    2 processes training the same way (ddpscale's in-memory batches and loop body, same
    model, same shards, the process set up by ddpscale's own worker setup: threads and
-   allocator) at the same time with no process group and no DDP, summed. Separate runs
+   allocator) at the same time with no process group and no DDP, summed; and that limit
+   made lock-step, its processes meeting after every backward and exchanging nothing:
+   the most any synchronous training keeps of the limit in a separate run. Separate runs
    differ by 5-10% in this VM's speed alone, so the same comparison also runs inside
    one pair of processes: ddpscale's DDP model (its wrap_ddp, buckets and default
    all-reduce) trains in short blocks, rotating synced blocks (ddpscale's step), unsynced
@@ -33,9 +35,10 @@ Every figure is measured in this run, on this machine, each in its own process:
 Each worker does --steps steps of --batch-size per epoch (train_size = steps x batch x
 world size), so every configuration runs equally long per worker. The throughput cases
 run --repeats times, interleaved, and the best is kept (all values are printed); the
-headline pair (ddpscale 2 workers, limit) runs twice per repeat, A-B first and B-A last,
-and its verdict is the median of the ratios of neighbouring runs, which cancels the
-slow drift of a shared VM's speed that a ratio of two bests does not. The interleaved
+headline cases (limit, ddpscale 2 workers, lock-step limit) run twice per repeat, A-B-C
+first and C-B-A last, and the verdict is the median of the ratios of neighbouring runs
+(ddpscale against each of the others), which cancels the slow drift of a shared VM's
+speed that a ratio of two bests does not. The interleaved
 case runs --rounds rounds of --block-steps-step blocks per repeat, and its ratios pool
 every round of every repeat (images/sec over all blocks of a kind). Beside both
 weak-scaling verdicts the report prints a 90% bootstrap interval (resampling the pairs,
@@ -183,10 +186,10 @@ class Bench:
         case.images_per_sec.append(row["images_per_sec"])
         case.extra["threads_seen"] = row["threads"]
 
-    def nosync(self, case: Case) -> None:
+    def nosync(self, case: Case, *extra: str) -> None:
         case.command = [PY, str(THIS), "--worker", "nosync", "--procs", str(case.world),
                         "--steps", str(self.args.steps), "--batch-size", str(self.args.batch_size),
-                        "--data-root", str(self.raw.parent.parent)]
+                        "--data-root", str(self.raw.parent.parent), *extra]
         out, _, _ = run(case.command, self.args.timeout)
         row = next(r for r in tagged(out) if r["epoch"] == 2)
         case.images_per_sec.append(row["images_per_sec"])
@@ -236,10 +239,13 @@ def benchmark(args: argparse.Namespace) -> dict:
     print_header(args, machine)
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         bench = Bench(args, Path(tmp))
-        # ddp2 and limit2 run back to back: their paired ratio is the headline figure.
+        # ddp2 runs next to limit2 (their paired ratio is the headline figure) and next
+        # to lock2, the limit's processes meeting after every backward: the most any
+        # synchronous training reaches in a separate run.
         cases = {c.key: c for c in [
             Case("ddp2", "ddpscale, 2 workers", 2, "cores//2 (ddpscale's rule)"),
             Case("limit2", "limit: 2 procs, no sync", 2, "1"),
+            Case("lock2", "limit made lock-step", 2, "1"),
             Case("il2", "interleaved: synced blocks", 2, "1"),
             Case("ddp2_gloo", "ddpscale, 2 workers, gloo sync", 2, "cores//2 (comm_hook=none)"),
             Case("tb2", "textbook, 2 workers", 2, "torch default"),
@@ -254,13 +260,15 @@ def benchmark(args: argparse.Namespace) -> dict:
             "ddp2": lambda c: bench.ddpscale(c), "tb2": lambda c: bench.textbook(c),
             "ddp2_gloo": lambda c: bench.ddpscale(c, None, "distributed.comm_hook=none"),
             "tb2_1t": lambda c: bench.textbook(c, threads=1), "limit2": bench.nosync,
+            "lock2": lambda c: bench.nosync(c, "--meet"),
             "il2": bench.interleaved,
             "solo1": bench.nosync, "ddp1_1t": lambda c: bench.ddpscale(c, threads=1),
             "ddp1": lambda c: bench.ddpscale(c), "tb1": lambda c: bench.textbook(c),
         }
-        # Interleaved, so drift in the load hits every case; the headline pair runs twice
-        # per repeat in A-B ... B-A order, so a steady drift cancels in its ratios.
-        order = ["ddp2", "limit2", *[k for k in cases if k not in ("ddp2", "limit2")], "limit2", "ddp2"]
+        # Interleaved, so drift in the load hits every case; the headline cases run twice
+        # per repeat in A-B-C ... C-B-A order, so a steady drift cancels in their ratios.
+        head = ["limit2", "ddp2", "lock2"]
+        order = [*head, *[k for k in cases if k not in head], *reversed(head)]
         for rep in range(args.repeats):
             for key in order:
                 case = cases[key]
@@ -353,6 +361,12 @@ def summarise(cases: dict[str, Case], startup: dict[str, list[dict]]) -> dict:
     f["ddpscale_ws2_vs_limit_paired_interval"] = _interval(pairs, statistics.median)
     f["textbook_1thread_ws2_vs_limit_paired"] = _paired(cases["tb2_1t"], cases["limit2"])
     f["ddpscale_gloo_ws2_vs_limit_paired"] = _paired(cases["ddp2_gloo"], cases["limit2"])
+    # The limit made lock-step in a separate run: what synchronous training as such keeps
+    # of the limit here, and what ddpscale keeps of that.
+    f["lockstep_ws2_vs_limit_paired"] = _paired(cases["lock2"], cases["limit2"])
+    pairs = _pair_ratios(cases["ddp2"], cases["lock2"])
+    f["ddpscale_ws2_vs_lockstep_paired"] = statistics.median(pairs)
+    f["ddpscale_ws2_vs_lockstep_paired_interval"] = _interval(pairs, statistics.median)
     # The same comparison inside one pair of processes, pooled over every round.
     rounds = cases["il2"].extra["rounds"]
     pooled = {m: _pooled(rounds, m) for m in MODES}
@@ -441,7 +455,7 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
 
     print("\n2. weak scaling, one thread per worker")
     print(head)
-    for key in ("solo1", "ddp1_1t", "limit2", "ddp2", "ddp2_gloo", "tb2_1t"):
+    for key in ("solo1", "ddp1_1t", "limit2", "lock2", "ddp2", "ddp2_gloo", "tb2_1t"):
         print(row(key))
     print(f"  ddpscale's threads per worker at 2 workers: "
           f"{cases['limit2'].extra.get('ddpscale_threads_at_2_workers')} (distributed.cpu_threads)")
@@ -450,6 +464,11 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
           f"   ({_interval_text(f['ddpscale_ws2_vs_limit_paired_interval'])})")
     print(f"  same with gloo's all-reduce, paired: {f['ddpscale_gloo_ws2_vs_limit_paired']:.3f}"
           "   (distributed.comm_hook=none instead of shared memory)")
+    low, high = f["ddpscale_ws2_vs_lockstep_paired_interval"]
+    print(f"  limit made lock-step / limit, paired: {f['lockstep_ws2_vs_limit_paired']:.3f}"
+          "   (meeting after every backward, exchanging nothing: the most synchronous training keeps)")
+    print(f"  ddpscale / limit made lock-step   : {f['ddpscale_ws2_vs_lockstep_paired']:.3f}"
+          f"   (paired; {INTERVAL_LEVEL:.0%} bootstrap interval {low:.3f}-{high:.3f})")
     il, q = f["interleaved_images_per_sec"], f["interleaved_synced_vs_unsynced_rounds"]
     print(f"  interleaved in one pair of processes, {f['interleaved_rounds']} rounds of 3 blocks of "
           f"{report['settings']['interleaved_block_steps']} steps; pooled img/s: synced {il['synced']:.0f}, "
@@ -530,9 +549,12 @@ def nosync_main(args: argparse.Namespace) -> None:
     """--procs processes training ddpscale's way at the same time, no process group."""
     import torch.multiprocessing as mp
 
+    import torch
+
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(args.procs), ctx.SimpleQueue()
-    rows = spawn_collect(nosync_worker, (args, barrier, queue), args.procs, queue, args.procs * 2)
+    flags = torch.zeros(args.procs, dtype=torch.int64).share_memory_() if args.meet else None
+    rows = spawn_collect(nosync_worker, (args, barrier, queue, flags), args.procs, queue, args.procs * 2)
     from ddpscale.distributed import cpu_threads
 
     for epoch in (1, 2):
@@ -542,11 +564,13 @@ def nosync_main(args: argparse.Namespace) -> None:
                                       "ddpscale_threads_at_2_workers": cpu_threads(2)}), flush=True)
 
 
-def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
-    """ddpscale's in-memory batches and loop body, minus DDP: this process's own shard."""
+def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue, flags=None) -> None:
+    """ddpscale's in-memory batches and loop body, minus DDP: this process's own shard.
+    With `flags` (--meet), the processes meet after every backward, as in `Meeting`."""
     import torch
 
     batches, model = _worker_setup(rank, args, args.steps)
+    meet = Meeting(flags, rank) if flags is not None else None
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     for epoch in (1, 2):
         batches.set_epoch(epoch)
@@ -555,7 +579,7 @@ def nosync_worker(rank: int, args: argparse.Namespace, barrier, queue) -> None:
         barrier.wait()  # start together, as the DDP ranks do after their barrier
         start, ends = time.perf_counter(), []
         for x, y in batches:
-            _train_step(model, optimizer, x, y, totals)
+            _train_step(model, optimizer, x, y, totals, meet)
             ends.append(time.perf_counter())
         queue.put({"epoch": epoch, "rank": rank, "start": start, "ends": ends})
     _exit_worker()
@@ -768,6 +792,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-steps", type=int, default=None, help="steps per interleaved block (default 5; quick 2)")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per repeat (default 16; quick 2)")
     p.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--meet", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
     args.steps = args.steps or (4 if quick else 60)

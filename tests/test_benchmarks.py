@@ -116,7 +116,7 @@ def test_interval_text_says_whether_the_interval_settles_the_target(interval, ve
 
 def _full_cases(ddp2: float, limit2: float) -> dict:
     cases = {}
-    for key, rate in [("ddp2", ddp2), ("limit2", limit2), ("il2", 1500), ("ddp2_gloo", 1400),
+    for key, rate in [("ddp2", ddp2), ("limit2", limit2), ("lock2", 1580), ("il2", 1500), ("ddp2_gloo", 1400),
                       ("tb2", 800), ("tb2_1t", 1300), ("solo1", 880), ("ddp1_1t", 860),
                       ("ddp1", 1200), ("tb1", 900)]:
         cases[key] = _case(key, [rate, rate], [0, 0])
@@ -140,7 +140,9 @@ def test_summary_judges_the_targets_from_the_figures(ddp2, met):
     assert f["interleaved_synced_vs_unsynced"] == pytest.approx(
         bench._pooled([{"s": 1500.0}, {"s": 1560.0}], "s") / bench._pooled([{"s": 1600.0}, {"s": 1620.0}], "s"))
     assert f["limit_lockstep_bound"] == pytest.approx(0.965)
-    for key in ("ddpscale_ws2_vs_limit_paired", "interleaved_synced_vs_unsynced"):
+    assert f["lockstep_ws2_vs_limit_paired"] == pytest.approx(1580 / 1600)
+    assert f["ddpscale_ws2_vs_lockstep_paired"] == pytest.approx(ddp2 / 1580)
+    for key in ("ddpscale_ws2_vs_limit_paired", "ddpscale_ws2_vs_lockstep_paired", "interleaved_synced_vs_unsynced"):
         low, high = f[key + "_interval"]
         assert low <= f[key] <= high
     assert f["startup_overhead_s"] == {"ddp1": pytest.approx(2.0), "ddp2": pytest.approx(2.5)}
@@ -159,7 +161,7 @@ def test_report_prints_every_comparison(capsys):
                     "targets: "):
         assert heading in out
     assert "ratio ddpscale / textbook, 2 workers: 1.95x" in out  # 1560 / 800
-    assert out.count("bootstrap interval") == 2  # beside both weak-scaling verdicts
+    assert out.count("bootstrap interval") == 3  # beside both weak-scaling verdicts and ddpscale / lock-step
 
 
 # --------------------------------------------------------------------------- Meeting
@@ -241,8 +243,9 @@ def _worker(fmnist_root, *args: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_nosync_worker_measures_both_epochs(fmnist_root):
-    rows = _worker(fmnist_root, "--worker", "nosync", "--procs", "2", "--steps", "3")
+@pytest.mark.parametrize("meet", [[], ["--meet"]], ids=["free", "lock-step"])
+def test_nosync_worker_measures_both_epochs(fmnist_root, meet):
+    rows = _worker(fmnist_root, "--worker", "nosync", "--procs", "2", "--steps", "3", *meet)
     assert [r["epoch"] for r in rows] == [1, 2]
     assert all(r["images_per_sec"] > 0 and 0 < r["lockstep_bound"] <= 1 for r in rows)
 
