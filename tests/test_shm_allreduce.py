@@ -92,6 +92,37 @@ def test_a_missing_peer_times_out_naming_it(tmp_path):
     assert 1.5 <= result["seconds"] < 10
 
 
+def _dead_peer(rank: int, port: int, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    placement = Placement(rank, rank, 2, 2, 0)
+    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30)):
+        shm = SharedMemoryAllreduce(rank, 2, timeout_s=30)
+        dist.barrier()
+        if rank == 1:
+            os._exit(0)  # gone without a word, as after SIGKILL
+        start = time.monotonic()
+        try:
+            shm.average_(torch.ones(10))
+            message = "returned"
+        except RuntimeError as err:
+            message = str(err)
+        with open(out, "w") as f:
+            json.dump({"message": message, "seconds": time.monotonic() - start}, f)
+        os._exit(0)  # the group's closing barrier cannot meet rank 1 any more
+
+
+def test_a_peer_that_died_ends_the_wait_at_once_instead_of_the_timeout(tmp_path):
+    out = tmp_path / "dead.json"
+    store = host_store("127.0.0.1", None, 2, 30)
+    spawn(_dead_peer, (store.port, str(out)), 2)
+    result = json.loads(out.read_text())
+    assert "rank(s) [1] exited during the shared-memory all-reduce" in result["message"]
+    assert result["seconds"] < 5  # not distributed.timeout_s=30
+
+
 def _slow_peer(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 

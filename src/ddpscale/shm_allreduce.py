@@ -58,6 +58,10 @@ class SharedMemoryAllreduce:
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.seq = 0
         self.waited_s = 0.0  # time spent waiting for slower ranks (benchmarks/step_phases.py)
+        # Every rank's process id, to tell a slow rank from a dead one while waiting: a
+        # rank killed outright (SIGKILL, out of memory) raises no flag and posts nothing.
+        self.pids: list[Any] = [None] * world_size
+        dist.all_gather_object(self.pids, os.getpid())
         flag_bytes = FLAG_STRIDE * world_size
         shared: list[Any] = [None, None]  # the segment's path, or (errno, why there is none)
         if rank == 0:
@@ -111,6 +115,14 @@ class SharedMemoryAllreduce:
             polls += 1
             if polls % 256 == 0:
                 waited = time.perf_counter() - start
+                gone = waited > 0.01 and [r for r in range(self.world_size)
+                                          if self.flags[r] < seq and not _alive(self.pids[r])]
+                if gone:
+                    raise RuntimeError(
+                        f"rank {self.rank}: rank(s) {gone} exited during the shared-memory all-reduce "
+                        "(distributed.comm_hook=shm) without saying why: killed outright (SIGKILL, "
+                        "or the out-of-memory killer; see dmesg)"
+                    )
                 if waited > self.timeout_s:
                     late = [r for r in range(self.world_size) if self.flags[r] < seq]
                     raise TimeoutError(
@@ -121,6 +133,17 @@ class SharedMemoryAllreduce:
                 if waited > 0.01:  # a long wait (a slow peer): stop burning this core
                     time.sleep(0.0005)
         self.waited_s += time.perf_counter() - start
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # unreadable: assume alive, and let the timeout decide
+        return True
 
 
 def chunk_bytes_for(gradient_bytes: int) -> int:
