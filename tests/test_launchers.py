@@ -56,6 +56,9 @@ def test_the_rendezvous_host_is_checked_before_anything_waits_for_it(caplog):
     assert not caplog.records
     check_master_addr("192.0.2.7", hosts_store=True)  # node 0 told to be a host it is not
     assert "master_addr='192.0.2.7' (192.0.2.7) is not an address of this machine" in caplog.text
+    with pytest.raises(ConfigError, match="leave distributed.master_addr unset"):
+        check_master_addr("192.0.2.7", hosts_store=True, single_node=True)  # nobody else could use it
+    check_master_addr("127.0.0.1", hosts_store=True, single_node=True)
     with pytest.raises(ConfigError, match="check that distributed.master_addr names this machine"):
         host_store("192.0.2.7", free_port(), 2, timeout_s=1)  # the store cannot be reached there
 
@@ -121,6 +124,16 @@ def test_ctrl_c_stops_a_local_submitit_sweep_and_marks_its_run_interrupted(tmp_p
     assert "sweep stopped by SIGINT: job #0 was interrupted" in log and "Traceback" not in log
     assert read_run(tmp_path / "0")["status"] == "interrupted"
     assert not (tmp_path / "1").exists(), "no later job was started"
+
+
+@pytest.mark.parametrize("shape, says", [("distributed.num_gpus=1,0", "distributed.num_gpus=0 must be >= 1"),
+                                         ("distributed.num_nodes=-1", "distributed.num_nodes=-1 must be >= 1")])
+def test_a_job_shape_below_one_is_refused_before_submitit_sees_it(tmp_path, shape, says):
+    # the launcher shapes the tasks from these keys before any job could check them
+    proc = run_train(*QUICK, shape, "hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "-m")
+    assert proc.returncode == 2, output(proc)
+    assert says in output(proc) and "Traceback" not in output(proc)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("explicit_dir", [True, False])
@@ -387,3 +400,45 @@ def test_two_sweeps_started_together_both_complete_in_their_own_dirs(tmp_path):
     dirs = run_dirs(tmp_path / "multirun")
     assert len(dirs) == 4 and len({d.parent for d in dirs}) == 2
     assert all(read_run(d)["status"] == "completed" for d in dirs)
+
+
+@pytest.mark.parametrize("parent, stays", [("os.getppid()", True), ("1", False)], ids=["alive", "gone"])
+def test_a_worker_whose_parent_died_before_it_started_leaves_at_once(parent, stays):
+    # A job process killed while its workers import torch: the death signal asked for
+    # afterwards never comes, so the worker must see the new parent and leave.
+    code = ("import os, sys; sys.path.insert(0, 'src'); "
+            f"from ddpscale.distributed import die_with_parent; die_with_parent({parent}); print('stayed')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, "stayed" in proc.stdout) == ((0, True) if stays else (1, False))
+
+
+def _task_pid(rank: str) -> int | None:
+    """A running submitit local task of global rank `rank`, from its environment."""
+    for proc in Path("/proc").iterdir():
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"SUBMITIT_LOCAL_GLOBALID={rank}".encode() in env and b"SUBMITIT_LOCAL_NTASKS=2" in env:
+            return int(proc.name)
+    return None
+
+
+def test_a_task_killed_outright_fails_its_job_and_the_slurm_sweep_goes_on(tmp_path):
+    # SIGKILL leaves submitit no result for the task; it used to raise out of the
+    # launcher, ending the sweep with a traceback before job #1 ran.
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *QUICK, "train.epochs=12", "distributed.num_gpus=2",
+         "optim.lr=0.05,0.02", "hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "-m"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not ((tmp_path / "0" / "results.csv").exists() and _task_pid("1")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.2)
+    os.kill(_task_pid("1"), signal.SIGKILL)
+    log = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 1, log
+    assert "UncompletedJobError" not in log and "Traceback" not in log, log
+    assert "job #0 failed: a task ended without a result" in log
+    assert [read_run(d)["status"] for d in run_dirs(tmp_path)] == ["failed", "completed"]
+    assert "2 run(s), 1 completed" in log

@@ -362,10 +362,12 @@ def wrap_ddp(model: torch.nn.Module, ctx: WorkerContext, d: DistributedConfig) -
 # --------------------------------------------------------------------------- rendezvous
 
 
-def check_master_addr(addr: str, hosts_store: bool) -> None:
+def check_master_addr(addr: str, hosts_store: bool, single_node: bool = False) -> None:
     """Fail at once, naming the key, on a rendezvous host that does not resolve here (it
     would otherwise wait out distributed.timeout_s, 5 minutes); where this process hosts
-    the store, warn when the host is not this machine's."""
+    the store, warn when the host is not this machine's, or fail when the run has one
+    node: then only this machine ever talks to the store, and it would wait out the
+    timeout twice trying to reach it there."""
     here = socket.gethostname()
     try:
         found = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
@@ -376,8 +378,15 @@ def check_master_addr(addr: str, hosts_store: bool) -> None:
             "node 0's host name or IP address, the same on every node"
         ) from err
     if hosts_store and not any(_can_bind(family, sockaddr[0]) for family, *_, sockaddr in found):
-        # Not an error: behind NAT node 0 can be reached at an address it does not own.
         ips = ", ".join(sorted({sockaddr[0] for *_, sockaddr in found}))
+        if single_node:
+            raise ConfigError(
+                f"distributed.master_addr={addr!r} ({ips}) is not an address of this machine "
+                f"({here}), and this one-node run hosts its rendezvous here; leave "
+                "distributed.master_addr unset (127.0.0.1) or name this machine"
+            )
+        # Not an error with more nodes: behind NAT node 0 can be reached at an address
+        # it does not own.
         log.warning("warning: distributed.master_addr=%r (%s) is not an address of this machine "
                     "(%s), which hosts the rendezvous as node 0; the other nodes will wait "
                     "distributed.timeout_s for it unless that address leads here", addr, ips, here)
@@ -485,11 +494,17 @@ def process_group(
             dist.destroy_process_group()
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies, so no worker is orphaned."""
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, so no worker is orphaned.
+
+    A parent that died before this call (a worker takes seconds to import torch and
+    unpickle its plan) no longer triggers the signal: this process was already handed
+    to another parent, so it leaves at once instead of waiting out the rendezvous."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def exit_finished_worker() -> None:

@@ -235,7 +235,7 @@ def _original_path(path: str) -> str:
 def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: str) -> dict:
     d = cfg.distributed
     addr = d.master_addr or "127.0.0.1"
-    ddist.check_master_addr(addr, hosts_store=d.node_id == 0)
+    ddist.check_master_addr(addr, hosts_store=d.node_id == 0, single_node=d.num_nodes == 1)
     # Node 0 hosts the store itself, on a port the OS picks when none is given: nobody can
     # take the port between choosing it and the workers using it.
     store = ddist.host_store(addr, d.master_port, _world(cfg), d.timeout_s) if d.node_id == 0 else None
@@ -244,7 +244,7 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
     log.info("starting %d worker(s) on node %d/%d (%s, %s), rendezvous %s:%d",
              d.num_gpus, d.node_id, d.num_nodes, device, backend, addr, port)
     summary_file = Path(tempfile.mkstemp(prefix="ddpscale-summary-", suffix=".pt")[1])
-    context = mp.start_processes(_spawn_entry, args=(plan, worker, str(summary_file)),
+    context = mp.start_processes(_spawn_entry, args=(plan, worker, str(summary_file), os.getpid()),
                                  nprocs=d.num_gpus, join=False, start_method="spawn")
     try:
         # Short waits keep this process responsive to signals; when one worker dies,
@@ -261,9 +261,10 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
         del store
 
 
-def _spawn_entry(local_rank: int, plan: Plan, worker: WorkerFn, summary_file: str) -> None:
+def _spawn_entry(local_rank: int, plan: Plan, worker: WorkerFn, summary_file: str,
+                 parent_pid: int) -> None:
     """First function of every spawned worker."""
-    ddist.die_with_parent()
+    ddist.die_with_parent(parent_pid)
     placement = ddist.spawn_placement(local_rank, plan.cfg.distributed)
     summary = _run_worker(placement, plan, worker, hosts_store=False)
     if placement.is_main:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, filter_overrides
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
@@ -41,6 +41,12 @@ class _ShapedLauncher(BaseSubmititLauncher):
         for offset, overrides in enumerate(job_overrides):
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             shape = (int(cfg.distributed.num_nodes), int(cfg.distributed.num_gpus))
+            for key, value, what in (("num_nodes", shape[0], "nodes"), ("num_gpus", shape[1], "worker processes per node")):
+                if value < 1:  # the job's shape comes before the job's own checks
+                    print(f"error: distributed.{key}={value} must be >= 1 ({what}), in job "
+                          f"#{initial_job_idx + offset} (nothing was started)", file=sys.stderr)
+                    self._take_back_multirun_yaml()
+                    sys.exit(2)
             groups[shape].append((initial_job_idx + offset, list(overrides)))
             in_order.append((initial_job_idx + offset, list(overrides), shape))
 
@@ -70,8 +76,8 @@ class _ShapedLauncher(BaseSubmititLauncher):
                          " ".join(filter_overrides(overrides)), nodes, gpus)
             job_params = [(overrides, "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
                           for idx, overrides in jobs]
-            submitted += executor.map_array(self, *zip(*job_params))
-        return [job.results()[0] for job in submitted]  # task 0 holds global rank 0
+            submitted += zip([idx for idx, _ in jobs], executor.map_array(self, *zip(*job_params)))
+        return [_result(job, idx) for idx, job in submitted]
 
     def _take_back_multirun_yaml(self) -> None:
         """Hydra wrote multirun.yaml into the sweep directory before launching; a sweep
@@ -105,7 +111,7 @@ class _ShapedLauncher(BaseSubmititLauncher):
                     job = executor.submit(self, overrides, "hydra.sweep.dir", idx,
                                           f"job_id_for_{idx}", Singleton.get_state())
                 try:
-                    results.append(job.results()[0])  # task 0 holds global rank 0
+                    results.append(_result(job, idx))
                 except _Stopped as stopped:
                     # the controller passes SIGTERM on to the tasks and waits for them
                     os.kill(int(job.job_id), signal.SIGTERM)
@@ -132,6 +138,22 @@ class _ShapedLauncher(BaseSubmititLauncher):
         base = set(OmegaConf.structured(BaseQueueConf).keys())
         executor.update_parameters(**{k if k in base else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
         return executor
+
+
+def _result(job: Any, idx: int) -> JobReturn:
+    """Task 0's JobReturn (it holds global rank 0, which records the run). A task that
+    died without a result (SIGKILL, out of memory, a node lost) makes submitit raise for
+    the whole job; that job counts as failed and the sweep goes on to the next, as it
+    does for a job that records its own failure."""
+    from submitit.core.utils import UncompletedJobError
+
+    try:
+        return job.results()[0]
+    except UncompletedJobError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        log.error("job #%d failed: a task ended without a result (%s); see its run.json and "
+                  "the logs in %s", idx, reason, job.paths.folder)
+        return JobReturn(overrides=None, status=JobStatus.COMPLETED, _return_value=None)
 
 
 class _Stopped(BaseException):
