@@ -42,3 +42,13 @@ def test_an_unregistered_name_fails_before_any_worker(tmp_path, override, messag
                      f"hydra.run.dir={tmp_path}", script=SCRIPT, timeout=60)
     assert proc.returncode == 2, output(proc)
     assert message in output(proc) and "starting 2 worker(s)" not in output(proc)
+
+
+@pytest.mark.parametrize("args", [["--cfg", "job", "model=mlp", "data=stripes"],
+                                  ["model=mlp", "data=stripes", "--cfg", "job"],
+                                  ["--cfg", "job"]], ids=["flag-first", "flag-last", "no-overrides"])
+def test_the_plugin_script_takes_flags_before_or_after_the_overrides(args):
+    proc = subprocess.run([sys.executable, str(REPO / SCRIPT), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ("name: mlp" in proc.stdout) == ("model=mlp" in args)

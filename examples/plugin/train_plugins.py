@@ -18,5 +18,8 @@ import my_plugins  # noqa: E402,F401  (registers the model, the data set and the
 import train  # noqa: E402
 
 if __name__ == "__main__":
-    sys.argv.insert(1, f"hydra.searchpath=[file://{HERE / 'conf'}]")  # conf/model/mlp.yaml, ...
+    # conf/model/mlp.yaml, ... on the search path: an override next to the user's own, as
+    # Hydra takes overrides only as one run of arguments (`-m model=mlp` or `model=mlp -m`)
+    overrides = [i for i, arg in enumerate(sys.argv[1:], 1) if "=" in arg and not arg.startswith("-")]
+    sys.argv.insert(overrides[0] if overrides else len(sys.argv), f"hydra.searchpath=[file://{HERE / 'conf'}]")
     train.main()
