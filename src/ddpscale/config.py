@@ -346,6 +346,10 @@ def validate(cfg: Config) -> None:
         _positive("optim.eps", optim.eps)
 
     _at_least("train.epochs", train.epochs, 1, "passes over the data")
+    _at_least("data.image_size", data.image_size, 1, "pixels per side")
+    for key, seed in (("train.seed", train.seed), ("data.seed", data.seed)):
+        if not -2**63 <= seed < 2**63:  # torch's generators take a signed 64-bit seed
+            raise ConfigError(f"{key}={seed} does not fit in 64 bits; use a seed below 2**63")
     _at_least("train.grad_accum_steps", train.grad_accum_steps, 1, "micro-batches per step")
     _at_least("train.sync_probe_steps", train.sync_probe_steps, 0, "probe steps (0: off)")
     if train.threads is not None:
