@@ -73,11 +73,16 @@ def main(argv=None) -> int:
             "analysing the other directories",
             file=sys.stderr,
         )
+    out = args.out or args.sweep_dirs[0] / "analysis"
+    problem = _make_out(out)
+    if problem:
+        print(f"multirun_analysis: error: {problem}", file=sys.stderr)
+        return EXIT_BAD_ARGUMENT
     from .report import write_report
     from .sweep import analyse
 
     analysis = analyse(args.sweep_dirs, target_acc=args.target_acc)
-    report = write_report(analysis, args.out or args.sweep_dirs[0] / "analysis")
+    report = write_report(analysis, out)
     runs = analysis.runs
     print(
         f"{len(runs)} runs found, {int(runs.included.sum())} analysed, "
@@ -100,5 +105,20 @@ def _check(args: argparse.Namespace) -> str | None:
         return (
             f"--target-acc={args.target_acc:g} is not a fraction in (0, 1]; "
             f"accuracies are fractions, e.g. --target-acc 0.9"
+        )
+    return None
+
+
+def _make_out(out: Path) -> str | None:
+    """Create the output directory before the analysis runs; the error, worded with the value
+    and the fix, when it cannot be created (it lies under a file, or is not writable)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        under_file = next((p for p in out.parents if p.is_file()), None)
+        why = f"{under_file} is a file" if under_file else exc.strerror or str(exc)
+        return (
+            f"cannot create the output directory {out}: {why}; "
+            "give --out a directory that can be created"
         )
     return None

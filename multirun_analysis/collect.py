@@ -8,7 +8,9 @@ reading them (runs.py decides which runs count).
 Settings come from results.csv's setting columns, and from run.json's resolved config
 for anything those columns do not carry: a config key whose value differs between runs
 of the same settings (a sweep over distributed.bucket_cap_mb) becomes a setting column
-named by its dotted key, so such runs are never taken for repeats of each other.
+named by its dotted key, so such runs are never taken for repeats of each other. The knobs
+results.csv repeats (its bucket_cap_mb, compile, ... columns) stand in for those keys where
+run.json lacks them, and its launcher for run.json's, so a run without run.json keeps them.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from .discover import find_run_dirs
 from .schema import (
     CONFIG_KEY_COLUMNS,
     CONFIG_KEYS_IGNORED,
+    CSV_CONFIG_KEYS,
     EXTRA_NUMERIC,
     METRICS,
     MISSING_VALUES,
@@ -104,7 +108,9 @@ def collect(sweep_dirs) -> Collected:
     epochs = _typed(raw, numbers).sort_values(["run_id", "epoch"], kind="stable", ignore_index=True)
     for run_id, message in _consistency_problems(epochs).items():
         problems[run_id].append(message)
-    runs = _runs_table(metas, epochs, problems).pipe(_with_config_settings, configs)
+    runs = _runs_table(metas, epochs, problems).pipe(
+        _with_config_settings, _with_csv_config(configs, epochs)
+    )
     return Collected(epochs=epochs, runs=runs)
 
 
@@ -351,11 +357,8 @@ def _runs_table(metas: list[dict], epochs: pd.DataFrame, problems: dict) -> pd.D
     """One row per run: metadata, problems, and settings (results.csv first, then run.json)."""
     meta = pd.DataFrame(metas).set_index("run_id")
     from_config = meta.reindex(columns=settings_in(meta.columns))
-    from_rows = (
-        epochs.drop_duplicates("run_id")
-        .set_index("run_id")
-        .reindex(columns=settings_in(epochs.columns))
-    )
+    first_rows = epochs.drop_duplicates("run_id").set_index("run_id")
+    from_rows = first_rows.reindex(columns=settings_in(epochs.columns))
     settings = from_rows.combine_first(from_config).pipe(  # union of runs and columns; rows win
         lambda d: d.assign(
             **{
@@ -366,13 +369,57 @@ def _runs_table(metas: list[dict], epochs: pd.DataFrame, problems: dict) -> pd.D
         )
     )
     problem = pd.Series({run_id: "; ".join(p) for run_id, p in problems.items() if p}, dtype=str)
+    csv_launcher = first_rows.reindex(columns=["launcher"]).launcher.astype(object)
     return (
         meta.reindex(columns=[c for c in META_COLUMNS if c not in ("run_id", "problem")])
-        .assign(problem=problem.reindex(meta.index).fillna(""))
+        .assign(
+            problem=problem.reindex(meta.index).fillna(""),
+            # results.csv's launcher stands in for a missing run.json's
+            launcher=lambda d: d.launcher.astype(object).combine_first(csv_launcher),
+        )
         .join(settings[settings_in(settings.columns)])
         .reset_index()
         .reindex(columns=[*META_COLUMNS, *settings_in(settings.columns)])
     )
+
+
+def _with_csv_config(configs: list[dict], epochs: pd.DataFrame) -> list[dict]:
+    """Each run's config groups, completed with the config keys its results.csv repeats
+    (CSV_CONFIG_KEYS) where run.json lacks them; run.json's own values win."""
+    columns = [c for c in CSV_CONFIG_KEYS if c in epochs.columns]
+    if not columns:
+        return configs
+    first_rows = epochs.drop_duplicates("run_id").set_index("run_id")[columns].to_dict("index")
+    completed = []
+    for run_id, config in enumerate(configs):
+        groups = {group: dict(fields) for group, fields in config.items()}
+        for column, value in first_rows.get(run_id, {}).items():
+            value = _csv_value(value)
+            if value is not None:
+                group, key = CSV_CONFIG_KEYS[column].split(".")
+                groups.setdefault(group, {}).setdefault(key, value)
+        completed.append(groups)
+    return completed
+
+
+def _csv_value(value):
+    """A results.csv cell as the config value it repeats (None when missing): the column may
+    be typed already, or text when its values mix kinds across files."""
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text in MISSING_VALUES:
+            return None
+        if text in _BOOLEANS:
+            return _BOOLEANS[text]
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    return float(value)
 
 
 def _with_config_settings(runs: pd.DataFrame, configs: list[dict]) -> pd.DataFrame:

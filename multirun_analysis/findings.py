@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .render import format_value
+from .render import format_value, signed
 from .schema import WORLD, config_keys
 from .sweep import Analysis
 from .tables import SCALING_KINDS
@@ -120,7 +120,10 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
     name = _KIND_NAMES[kind]
     if table.empty:
         fixed = SCALING_KINDS[kind]
-        return f"{name}: no groups (no {fixed} was run at two or more world sizes)."
+        return (
+            f"{name}: no groups (no {fixed} was run at two or more world sizes with everything "
+            "else alike)."
+        )
     largest = table.sort_values("world_size").drop_duplicates("group", keep="last")
     if len(largest) == 1:
         row = largest.iloc[0]
@@ -132,7 +135,7 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
         if pd.notna(row.grad_sync_share):
             text += f"; gradient sync takes {row.grad_sync_share:.0%} of step time there"
         if pd.notna(row.val_acc_change):
-            text += f"; final val_acc changes by {row.val_acc_change:+.3f}"
+            text += f"; final val_acc changes by {signed(row.val_acc_change)}"
         return text + "."
     worst, best = largest.loc[largest.efficiency.idxmin()], largest.loc[largest.efficiency.idxmax()]
     low, high = f"{worst.efficiency:.2f}", f"{best.efficiency:.2f}"
@@ -150,10 +153,10 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
         )
     shares = largest.grad_sync_share.dropna()
     if len(shares):
-        text += f"; gradient sync takes {_span(shares, '{:.0%}')} of step time there"
+        text += f"; gradient sync takes {_span(shares, '{:.0%}'.format)} of step time there"
     change = largest.val_acc_change.dropna()
     if len(change):
-        span = _span(change, "{:+.3f}", " to ")
+        span = _span(change, signed, " to ")
         text += f"; final val_acc changes by {span}"
         if len(change) < len(largest):
             text += (" in the one group that reports it" if len(change) == 1
@@ -161,13 +164,13 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
         elif " to " not in span:
             text += " in every group"
         if " to " in span:
-            text += f" (mean {change.mean():+.3f})"
+            text += f" (mean {signed(change.mean())})"
     return text + "."
 
 
-def _span(values: pd.Series, form: str, dash: str = "–") -> str:
-    """"6%–9%", or "6%" when the lowest and highest read the same as printed."""
-    low, high = form.format(values.min()), form.format(values.max())
+def _span(values: pd.Series, form, dash: str = "–") -> str:
+    """"6%–9%", or "6%" when the lowest and highest read the same as printed by `form`."""
+    low, high = form(values.min()), form(values.max())
     return low if low == high else f"{low}{dash}{high}"
 
 
@@ -186,19 +189,37 @@ def _accuracy(configs: pd.DataFrame, target: float) -> list[str]:
             f"**Final val_acc ranges from {low.final_val_acc:.3f} to {high.final_val_acc:.3f}** across "
             f"{len(table)} configurations (lowest: {describe(low, configs)}; highest: {describe(high, configs)})."
         )
+    return [spread, _target(table, target, configs)]
+
+
+def _target(table: pd.DataFrame, target: float, configs: pd.DataFrame) -> str:
+    """Which configurations reached the target in every seed (tables.configurations), and
+    the fastest of them; those that reached it in some seeds only are counted apart."""
     reached = table.dropna(subset=["time_to_target_s"])
+    partly = int(table.n_reached.between(1, table.n_runs - 1).sum())
+    every = " in every seed" if (table.n_runs > 1).any() else ""
+    some = (
+        f"{partly:,} {'other ' if len(reached) else ''}reached it in only some of "
+        f"{'its' if partly == 1 else 'their'} seeds"
+    )
     if reached.empty:
-        target_text = (
-            f"No configuration reached val_acc {target:g} (best final {high.final_val_acc:.3f})."
-        )
-    else:
-        fastest = reached.loc[reached.time_to_target_s.idxmin()]
-        target_text = (
-            f"{len(reached)} of {len(table)} configurations reached val_acc {target:g}; fastest: "
-            f"**{fastest.time_to_target_s:.1f} s** of training (epoch {fastest.epochs_to_target:g}) "
-            f"with {describe(fastest, configs)}."
-        )
-    return [spread, target_text]
+        best = f"best final {table.final_val_acc.max():.3f}"
+        if partly:
+            return f"No configuration reached val_acc {target:g}{every}; {some} ({best})."
+        return f"No configuration reached val_acc {target:g} ({best})."
+    fastest = reached.loc[reached.time_to_target_s.idxmin()]
+    n = int(fastest.n_runs)
+    how = (
+        f"epoch {int(fastest.epochs_to_target)}"
+        if n == 1
+        else f"mean over its {n} seeds, each of which reached it by epoch "
+        f"{int(fastest.epochs_to_target)}"
+    )
+    return (
+        f"{len(reached)} of {len(table)} configurations reached val_acc {target:g}{every}"
+        f"{f' ({some})' if partly else ''}; fastest: **{fastest.time_to_target_s:.1f} s** of "
+        f"training ({how}) with {describe(fastest, configs)}."
+    )
 
 
 def describe(row: pd.Series, configs: pd.DataFrame) -> str:

@@ -60,6 +60,12 @@ def format_value(value) -> str:
     return str(value)
 
 
+def signed(value: float, digits: int = 3) -> str:
+    """A change with its sign, "+0.020"; one that rounds to zero is "+0.000", never "-0.000"
+    (0.7 - 0.7 can come out as -1e-16)."""
+    return f"{round(value, digits) + 0.0:+.{digits}f}"  # + 0.0 turns -0.0 into 0.0
+
+
 def format_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """Every cell as display text: accuracies to 3 decimals, throughput with separators, '–' for missing."""
     return frame.apply(lambda column: column.map(lambda v, name=column.name: format_cell(name, v)))
@@ -74,11 +80,9 @@ def format_cell(name: str, value) -> str:
     if isinstance(value, str):
         return value
     if name in _FIXED:
-        return (
-            f"{value:+.{_FIXED[name]}f}"
-            if name == "val_acc_change"
-            else f"{value:.{_FIXED[name]}f}"
-        )
+        if name == "val_acc_change":
+            return signed(value, _FIXED[name])
+        return f"{value:.{_FIXED[name]}f}"
     if name.endswith("_acc") or name.endswith("_acc_std"):
         return f"{value:.3f}"
     if name == "lr":

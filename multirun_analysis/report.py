@@ -35,8 +35,9 @@ METHOD = (
     "Throughput of a run is the median images/sec (summed over workers) over its epochs after "
     "the first (all epochs if it has one). Runs identical but for the seed are averaged: mean, "
     "std (over runs) and n; a key of run.json's config that differs between otherwise alike "
-    "runs (e.g. distributed.bucket_cap_mb) is a setting column of its own, so runs that differ "
-    "in it are never averaged together. Speedup = throughput / throughput at the group's "
+    "runs (e.g. distributed.bucket_cap_mb; results.csv's bucket_cap_mb column where run.json "
+    "lacks it) is a setting column of its own, so runs that differ in it are never averaged "
+    "together. Speedup = throughput / throughput at the group's "
     "smallest world size; efficiency = speedup × smallest world size / world size (1.00 = "
     "linear). Weak scaling keeps the per-worker batch fixed, so the global batch grows with the "
     "world size; strong scaling keeps the global batch fixed. A group run at a single world "
@@ -119,10 +120,11 @@ def _accuracy_section(analysis: Analysis, view: pd.DataFrame, images: dict) -> l
     blocks = [
         Heading("Accuracy"),
         Paragraph(
-            "Final and best val_acc per configuration (mean over seeds). epochs_to_target and "
-            "time_to_target_s: the first epoch, and the training time (evaluation excluded) up "
-            f"to it, at which val_acc ≥ {analysis.target_acc:g}, averaged over the n_reached "
-            "runs that got there; – means never reached."
+            "Final and best val_acc per configuration (mean over seeds). n_reached: how many "
+            f"of the n_runs seeds reached val_acc ≥ {analysis.target_acc:g}. Only when all of "
+            "them did: epochs_to_target, the epoch by which every seed had first reached it, "
+            "and time_to_target_s, the training time (evaluation excluded) up to each seed's "
+            "first such epoch, averaged over the seeds; – means not every seed reached it."
         ),
     ]
     if view.empty:

@@ -122,6 +122,18 @@ CONFIG_KEYS_IGNORED = frozenset(
 )
 
 
+# results.csv columns that repeat a config key with no setting column of its own: the value
+# of that key for a run whose run.json lacks it (or is missing), so that concatenated
+# results.csv files still keep a knob sweep's runs apart.
+CSV_CONFIG_KEYS = {
+    "channels_last": "train.channels_last",
+    "compile": "train.compile",
+    "bucket_cap_mb": "distributed.bucket_cap_mb",
+    "gradient_as_bucket_view": "distributed.gradient_as_bucket_view",
+    "static_graph": "distributed.static_graph",
+}
+
+
 def settings_in(columns) -> list[str]:
     """The setting columns present in `columns`, in display order (config keys last)."""
     present = set(columns)

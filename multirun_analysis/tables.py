@@ -50,7 +50,8 @@ ACCURACY_COLUMNS = (
 
 
 def configurations(runs: pd.DataFrame) -> pd.DataFrame:
-    """Included runs identical but for seed, aggregated to mean, std (ddof=1) and n."""
+    """Included runs identical but for seed, aggregated to mean, std (ddof=1) and n; time to
+    target only for configurations whose every seed reached it."""
     keys = config_keys(runs.columns)
     sync = {"grad_sync_share": ("grad_sync_share", "mean")} if "grad_sync_share" in runs else {}
     return (
@@ -66,9 +67,16 @@ def configurations(runs: pd.DataFrame) -> pd.DataFrame:
             final_val_acc_std=("final_val_acc", "std"),
             best_val_acc=("best_val_acc", "mean"),
             n_reached=("time_to_target_s", "count"),
-            epochs_to_target=("epochs_to_target", "mean"),
+            epochs_to_target=("epochs_to_target", "max"),
             time_to_target_s=("time_to_target_s", "mean"),
             elapsed_s=("elapsed_s", "mean"),
+        )
+        # A configuration reaches the target only when every seed of it did: a mean over the
+        # lucky seeds alone would flatter it. Then epochs_to_target is the epoch by which all
+        # had (a whole epoch, unlike a mean) and time_to_target_s the mean over all of them.
+        .assign(
+            epochs_to_target=lambda d: d.epochs_to_target.where(d.n_reached == d.n_runs),
+            time_to_target_s=lambda d: d.time_to_target_s.where(d.n_reached == d.n_runs),
         )
         .reset_index()
     )

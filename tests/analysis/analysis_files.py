@@ -50,6 +50,7 @@ def run_rows(
     epochs=None,
     grad_accum_steps=1,
     launcher="spawn",
+    bucket_cap_mb=25.0,
 ):
     """One dict per epoch; each epoch takes IMAGES_PER_EPOCH / images_per_sec seconds."""
     n = len(images_per_sec)
@@ -84,7 +85,9 @@ def run_rows(
                 "warmup": i == 1,
                 "grad_sync_share": "" if grad_sync_share is None else grad_sync_share,
                 "launcher": launcher,
-                "grad_accum_steps": grad_accum_steps,  # written only when `columns` has it
+                # written only when `columns` has them
+                "grad_accum_steps": grad_accum_steps,
+                "bucket_cap_mb": bucket_cap_mb,
             }
         )
     return rows

@@ -71,6 +71,21 @@ def test_out_must_be_a_directory(tmp_path):
     assert (tmp_path / "report.csv").read_text() == "mine\n"
 
 
+@pytest.mark.parametrize("below", ["sub", "sub/deeper"])
+def test_out_below_a_file_is_a_clear_error(tmp_path, below):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a")
+    (tmp_path / "report.csv").write_text("mine\n")
+    out = tmp_path / "report.csv" / below
+    result = run_cli(str(sweep_dir), "--out", str(out))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"multirun_analysis: error: cannot create the output directory {out}: "
+        f"{tmp_path / 'report.csv'} is a file; give --out a directory that can be created\n"
+    )
+    assert (tmp_path / "report.csv").read_text() == "mine\n"
+
+
 @pytest.fixture
 def two_sweeps(tmp_path):
     sweep_dir, write_run = new_sweep(tmp_path)

@@ -232,3 +232,19 @@ def test_groups_meeting_at_a_point_print_its_figure_once(tmp_path, monkeypatch):
     assert sorted(t.get_text() for t in speed_ax.texts) == ["1.00×", "1.60×"]
     assert sorted(t.get_text() for t in eff_ax.texts) == ["0.80", "1.00"]
     assert len(speed_ax.get_lines()) == 3  # the ideal line and both groups' lines
+
+
+def test_an_accuracy_change_that_rounds_to_zero_prints_without_a_minus(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    # seeds ending at 0.5 and 0.66 average to a hair above 0.58: the change to 0.58 is -1e-16
+    for seed, final in [(0, 0.5), (1, 0.66)]:
+        write_run(f"ws1/s{seed}", seed=seed, val_acc=[0.5, 0.6, final])
+    write_run("ws2", world_size=2, images_per_sec=(1800.0,) * 3, val_acc=[0.5, 0.6, 0.58])
+    analysis = analyse([sweep_dir])
+    assert analysis.scaling.val_acc_change.iloc[-1] < 0  # the float arithmetic, as found
+    write_report(analysis, tmp_path / "out")
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "final val_acc changes by +0.000." in report
+    assert "-0.000" not in report and "-0.000" not in (tmp_path / "out" / "scaling.md").read_text()
+    assert format_cell("val_acc_change", -0.0004) == "+0.000"
+    assert format_cell("val_acc_change", -0.02) == "-0.020"

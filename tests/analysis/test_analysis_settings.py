@@ -171,3 +171,44 @@ def test_runs_without_a_config_aggregate_as_before(tmp_path, missing):
             (directory / "run.json").write_text(text.replace('"config"', '"not_config"'))
     analysis = analyse([sweep_dir])
     assert analysis.configs.n_runs.tolist() == [2]
+
+
+@pytest.mark.parametrize("without_run_json", [("b1/ws1", "b1/ws2", "b25/ws1", "b25/ws2"),
+                                              ("b1/ws2",)])
+def test_results_csv_knob_columns_keep_runs_without_run_json_apart(tmp_path, without_run_json):
+    # A bucket_cap_mb=1,25 sweep whose run.json files are lost (all of them, or one):
+    # results.csv repeats the knob, so its runs are still no repeats of each other.
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for bucket, (ws1, ws2) in {1.0: (1000.0, 1500.0), 25.0: (1000.0, 1800.0)}.items():
+        for world_size, throughput in [(1, ws1), (2, ws2)]:
+            name = f"b{bucket:g}/ws{world_size}"
+            write_run(
+                name,
+                world_size=world_size,
+                bucket_cap_mb=bucket,
+                launcher="torchrun",
+                images_per_sec=(throughput,) * 3,
+                columns=[*COLUMNS, "bucket_cap_mb"],
+                config={"distributed": {"bucket_cap_mb": bucket}},
+                run_json=name not in without_run_json,
+            )
+    analysis = analyse([sweep_dir])
+    assert analysis.runs.included.all()
+    assert analysis.runs["distributed.bucket_cap_mb"].tolist() == [1.0, 1.0, 25.0, 25.0]
+    assert analysis.runs.launcher.tolist() == ["torchrun"] * 4  # results.csv's, where no run.json
+    table = weak(analysis.scaling)
+    assert table.group_label.unique().tolist() == [
+        "distributed.bucket_cap_mb=1, batch_size=64",
+        "distributed.bucket_cap_mb=25, batch_size=64",
+    ]
+    assert table.n_runs.tolist() == [1, 1, 1, 1]
+    assert table.speedup.tolist() == [1.0, 1.5, 1.0, 1.8]
+
+
+def test_run_json_wins_over_results_csv_for_a_knob(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for seed in (0, 1):  # results.csv says 25 for both; run.json says 1 for seed 1
+        write_run(f"s{seed}", seed=seed, columns=[*COLUMNS, "bucket_cap_mb"],
+                  config={"distributed": {"bucket_cap_mb": 25.0 if seed == 0 else 1.0}})
+    analysis = analyse([sweep_dir])
+    assert analysis.runs["distributed.bucket_cap_mb"].tolist() == [25.0, 1.0]

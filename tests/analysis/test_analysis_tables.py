@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 from analysis_files import new_sweep
 
+from multirun_analysis.findings import key_findings
 from multirun_analysis.sweep import analyse
 
 
@@ -151,6 +152,41 @@ def test_accuracy_table_final_best_and_time_to_target(tmp_path):
     assert {"global_batch_size", "world_size"} <= set(table.columns)
 
 
+def test_a_configuration_reaches_the_target_only_when_every_seed_does(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    # lr 0.1: seeds reach 0.9 at epochs 1 and 2 (6 s and 12 s); lr 0.01: one seed of two,
+    # though the quickest of all (epoch 1, 6 s).
+    write_run("a0", lr=0.1, seed=0, val_acc=[0.91, 0.92, 0.93])
+    write_run("a1", lr=0.1, seed=1, val_acc=[0.80, 0.91, 0.93])
+    write_run("b0", lr=0.01, seed=0, val_acc=[0.95, 0.95, 0.95])
+    write_run("b1", lr=0.01, seed=1, val_acc=[0.50, 0.60, 0.70])
+    analysis = analyse([sweep_dir], target_acc=0.9)
+    table = analysis.accuracy.set_index("lr")
+    columns = ["n_runs", "n_reached", "epochs_to_target", "time_to_target_s"]
+    # every seed by epoch 2 (not "epoch 1.5"), in a mean time of 9 s
+    assert table.loc[0.1, columns].tolist() == [2, 2, 2, 9.0]
+    assert table.loc[0.01, ["n_runs", "n_reached"]].tolist() == [2, 1]
+    assert pd.isna(table.loc[0.01, "epochs_to_target"])
+    assert pd.isna(table.loc[0.01, "time_to_target_s"])
+    findings = " ".join(key_findings(analysis))
+    assert (
+        "1 of 2 configurations reached val_acc 0.9 in every seed (1 other reached it in only "
+        "some of its seeds); fastest: **9.0 s** of training (mean over its 2 seeds, each of "
+        "which reached it by epoch 2) with world size 1, batch 64/worker (global 64), lr=0.1."
+    ) in findings
+
+
+def test_no_configuration_reaching_the_target_in_every_seed_is_said_so(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("b0", seed=0, val_acc=[0.95, 0.95, 0.95])
+    write_run("b1", seed=1, val_acc=[0.50, 0.60, 0.70])
+    findings = key_findings(analyse([sweep_dir], target_acc=0.9))
+    assert findings[-1] == (
+        "No configuration reached val_acc 0.9 in every seed; 1 reached it in only some of its "
+        "seeds (best final 0.825)."
+    )
+
+
 def test_accuracy_change_when_scaling_is_in_the_scaling_table(tmp_path):
     sweep_dir, write_run = new_sweep(tmp_path)
     write_run("ws1", world_size=1, val_acc=[0.5, 0.7, 0.90])
@@ -164,3 +200,16 @@ def test_grad_sync_share_is_carried_to_the_scaling_table(tmp_path):
     write_run("ws1", world_size=1, grad_sync_share=0.0)
     write_run("ws2", world_size=2, grad_sync_share=0.4)
     assert weak(analyse([sweep_dir]).scaling).grad_sync_share.tolist() == [0.0, 0.4]
+
+
+def test_no_groups_of_a_kind_says_what_else_must_be_alike(tmp_path):
+    # Global batch 128 was run at world sizes 1 and 2, but at different learning rates.
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("ws1", world_size=1, batch_size=64, lr=0.1)
+    write_run("ws2", world_size=2, batch_size=64, lr=0.1)
+    write_run("ws1-b128", world_size=1, batch_size=128, lr=0.01)
+    findings = key_findings(analyse([sweep_dir]))
+    assert (
+        "Strong scaling (global batch fixed): no groups (no global_batch_size was run at two or "
+        "more world sizes with everything else alike)."
+    ) in findings
