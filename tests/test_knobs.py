@@ -13,7 +13,7 @@ from conftest import QUICK, REPO, output, read_rows, read_run, run_train, spawn
 from ddpscale.config import CNNConfig, DataConfig
 from ddpscale.data import build_data, load_split
 from ddpscale.distributed import (
-    Placement, Rendezvous, WorkerContext, host_store, process_group, wrap_ddp,
+    Placement, Rendezvous, WorkerContext, cpu_threads, host_store, process_group, wrap_ddp,
 )
 from ddpscale.config import DistributedConfig
 from ddpscale.models import CNN
@@ -55,9 +55,12 @@ def test_fp16_on_the_cpu_is_refused_with_the_fix(tmp_path):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_results_carry_step_times_warmup_and_sync_share(tmp_path, workers):
-    proc = run_train(*QUICK, f"distributed.num_gpus={workers}", "train.sync_probe_steps=2",
+    # one worker is given a thread count of its own; two share this process's cores
+    threads = ["train.threads=1"] if workers == 1 else []
+    proc = run_train(*QUICK, f"distributed.num_gpus={workers}", "train.sync_probe_steps=2", *threads,
                      f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, output(proc)
+    assert read_run(tmp_path)["threads_per_worker"] == ([1] if workers == 1 else [cpu_threads(2)] * 2)
     rows = read_rows(tmp_path)
     assert [r["warmup"] for r in rows] == ["True", "False"]
     for r in rows:
