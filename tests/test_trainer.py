@@ -1,0 +1,132 @@
+"""The training loop's own promises, checked inside real 2-rank gloo groups: every epoch
+reshuffles, the epoch lasts as long as the slowest rank, the schedule is stepped, the
+sync probe leaves training as it was, and the precision and memory-format knobs act."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from conftest import spawn
+from ddpscale.config import CNNConfig, DataConfig, DistributedConfig, SGDConfig, WideResNetConfig
+from ddpscale.data import build_data
+from ddpscale.distributed import Placement, Rendezvous, WorkerContext, host_store, process_group, wrap_ddp
+from ddpscale.models import CNN, WideResNet
+from ddpscale.optim import build_scheduler
+from ddpscale.results import Reporter
+from ddpscale.trainer import Trainer, build_precision
+
+CPU = torch.device("cpu")
+LAST_RANK_LINGERS_S = 0.5
+
+
+class _Watched:
+    """A rank's training batches, recording the epochs it is set to and how long the
+    trainer took to draw them; optionally lingering after its last batch."""
+
+    def __init__(self, batches, linger_s: float):
+        self.batches, self.linger_s = batches, linger_s
+        self.epochs: list[int] = []
+        self.draw_s: list[float] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+        self.batches.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self):
+        start = time.perf_counter()
+        yield from self.batches
+        self.draw_s.append(time.perf_counter() - start)
+        time.sleep(self.linger_s)  # after the last step's all-reduce: nobody waits for it
+
+
+def _train(rank: int, world: int, port: int, out: str, probe_steps: int) -> None:
+    torch.set_num_threads(1)
+    placement = Placement(rank, rank, world, world, 0)
+    ctx = WorkerContext(placement, CPU, "gloo", "spawn")
+    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 60)):
+        data_cfg = DataConfig(name="synthetic", train_size=128, val_size=32, batch_size=16,
+                              mean=0.0, std=1.0, noise=2.0, image_size=12)
+        torch.manual_seed(0)
+        data = build_data(data_cfg, rank, world, 0, CPU)
+        # BatchNorm buffers and dropout: what a probe could disturb
+        model = wrap_ddp(WideResNet(WideResNetConfig(depth=10, width=1, dropout=0.3), data_cfg), ctx,
+                         DistributedConfig())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        epochs = 2
+        scheduler = build_scheduler(optimizer, SGDConfig(lr=0.05), total_steps=epochs * len(data.train))
+        data.train = watched = _Watched(data.train, LAST_RANK_LINGERS_S if rank == world - 1 else 0.0)
+        trainer = Trainer(model, optimizer, data, ctx, Reporter(False, None, {}, epochs),
+                          scheduler=scheduler, sync_probe_steps=probe_steps)
+        history = trainer.fit(epochs)
+        checksum = trainer.replica_checksum()
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"epochs": watched.epochs, "draw_s": watched.draw_s,
+                           "epoch_time_s": [s.epoch_time_s for s in history],
+                           "losses": [(s.train_loss, s.val_loss) for s in history],
+                           "lr": optimizer.param_groups[0]["lr"], "scheduler_steps": scheduler.last_epoch,
+                           "steps": epochs * len(watched), "checksum": checksum}, f)
+
+
+def _run(tmp_path, probe_steps: int) -> dict:
+    out = tmp_path / f"probe{probe_steps}.json"
+    store = host_store("127.0.0.1", None, 2, 60)  # as the launcher does: the parent hosts it
+    spawn(_train, (2, store.port, str(out), probe_steps), 2)
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[int, dict]:
+    tmp = tmp_path_factory.mktemp("trainer")
+    return {probe: _run(tmp, probe) for probe in (0, 2)}
+
+
+def test_every_epoch_reshuffles(runs):
+    assert runs[0]["epochs"] == [1, 2]
+
+
+def test_an_epoch_lasts_as_long_as_the_slowest_rank(runs):
+    # rank 0 drew its batches in draw_s; the last rank took as long and then lingered
+    for draw, epoch_time in zip(runs[0]["draw_s"], runs[0]["epoch_time_s"]):
+        assert epoch_time >= draw + 0.8 * LAST_RANK_LINGERS_S
+
+
+def test_the_cosine_schedule_is_stepped_once_per_optimizer_step_down_to_zero(runs):
+    assert runs[0]["scheduler_steps"] == runs[0]["steps"]
+    assert runs[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_sync_probe_leaves_training_exactly_as_it_was(runs):
+    # gradients, dropout draws and BatchNorm statistics of the probe's steps are discarded
+    assert runs[2]["losses"] == runs[0]["losses"]
+    assert runs[2]["checksum"] == runs[0]["checksum"]
+
+
+def _lone_trainer(**knobs) -> Trainer:
+    data_cfg = DataConfig(name="synthetic", channels=3, image_size=12)
+    ctx = WorkerContext(Placement(0, 0, 1, 1, 0), CPU, "gloo", "spawn")
+    model = CNN(CNNConfig(), data_cfg)
+    return Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), None, ctx, None, **knobs)
+
+
+def test_bf16_runs_the_forward_pass_in_bf16_and_keeps_fp32_gradients():
+    trainer = _lone_trainer(precision=build_precision("bf16", CPU))
+    x, y = torch.randn(4, 3, 12, 12), torch.tensor([0, 1, 2, 3])
+    logits, loss = trainer._forward_backward(x, y, sync=True)
+    assert logits.dtype == torch.bfloat16
+    assert all(p.grad.dtype == torch.float32 for p in trainer.model.parameters())
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_channels_last_hands_the_model_nhwc_batches(channels_last):
+    # three channels: with one, an NCHW tensor is channels_last-contiguous as well
+    trainer = _lone_trainer(channels_last=channels_last)
+    x, _ = trainer._to_device(torch.randn(4, 3, 12, 12), torch.zeros(4, dtype=torch.long))
+    assert x.is_contiguous(memory_format=torch.channels_last) == channels_last
