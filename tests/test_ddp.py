@@ -11,7 +11,14 @@ from conftest import QUICK, fashion_mnist_root, output, read_rows, read_run, run
 from ddpscale.config import ConfigError, DataConfig
 from ddpscale.data import DATASETS, Split, build_data, prepare
 from ddpscale.distributed import Placement, Rendezvous, host_store, process_group
-from ddpscale.results import REQUIRED_COLUMNS
+
+# results.csv's required columns in DESIGN.md's order (a contract: more may follow, none renamed)
+DESIGN_COLUMNS = [
+    "model", "dataset", "optimizer", "num_nodes", "num_gpus", "world_size", "backend", "device",
+    "batch_size", "global_batch_size", "lr", "seed", "epochs",
+    "epoch", "train_loss", "train_acc", "val_loss", "val_acc",
+    "epoch_time_s", "elapsed_s", "images_per_sec",
+]
 
 
 def _shards(rank: int, world: int, port: int, out: str, data_cfg: DataConfig) -> None:
@@ -24,12 +31,13 @@ def _shards(rank: int, world: int, port: int, out: str, data_cfg: DataConfig) ->
         for epoch in (1, 2):
             bundle.train.set_epoch(epoch)
             idx = bundle.train.indices()
-            labels = torch.cat([y for _, y in bundle.train])
+            batches = [y for _, y in bundle.train]
+            labels = torch.cat(batches)
             mine[epoch] = idx.tolist()
-            # The batches really follow the sampler's indices.
-            mine[f"labels_follow_indices_{epoch}"] = bool(
-                torch.equal(labels, bundle.train.y[idx] if hasattr(bundle.train, "y") else labels)
-            )
+            mine[f"batch_sizes_{epoch}"] = [len(y) for y in batches]
+            # The batches really follow the sampler's indices (all of them, or the full batches').
+            every = bundle.train.y if hasattr(bundle.train, "y") else bundle.train.loader.dataset.split.labels
+            mine[f"labels_follow_indices_{epoch}"] = bool(torch.equal(labels, every[idx[:len(labels)]]))
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:
@@ -37,10 +45,10 @@ def _shards(rank: int, world: int, port: int, out: str, data_cfg: DataConfig) ->
                 json.dump(gathered, f)
 
 
-def shards(tmp_path, loader: str, world: int = 2, train_size: int = 103) -> list[dict]:
+def shards(tmp_path, loader: str, world: int = 2, train_size: int = 103, drop_last: bool = False) -> list[dict]:
     cfg = DataConfig(name="synthetic", train_size=train_size, val_size=37, batch_size=8,
-                     loader=loader, mean=0.0, std=1.0, noise=1.0, seed=3)
-    out = tmp_path / f"shards-{loader}.json"
+                     loader=loader, mean=0.0, std=1.0, noise=1.0, seed=3, drop_last=drop_last)
+    out = tmp_path / f"shards-{loader}-{drop_last}.json"
     store = host_store("127.0.0.1", None, world, 30)  # as the launcher does: the parent hosts it
     spawn(_shards, (world, store.port, str(out), cfg), world)
     return [{k if not k.isdigit() else int(k): v for k, v in r.items()} for r in json.loads(out.read_text())]
@@ -65,10 +73,26 @@ def test_validation_shards_count_every_example_once(tmp_path):
     assert sum(r["val_size"] for r in ranks) == 37
 
 
-def test_memory_and_dataloader_paths_give_the_same_shards(tmp_path):
-    memory, loader = shards(tmp_path, "memory"), shards(tmp_path, "dataloader")
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_memory_and_dataloader_paths_give_the_same_shards(tmp_path, drop_last):
+    memory = shards(tmp_path, "memory", drop_last=drop_last)
+    loader = shards(tmp_path, "dataloader", drop_last=drop_last)
     for epoch in (1, 2):
         assert [r[epoch] for r in memory] == [r[epoch] for r in loader]
+        assert [r[f"batch_sizes_{epoch}"] for r in memory] == [r[f"batch_sizes_{epoch}"] for r in loader]
+        assert all(r[f"labels_follow_indices_{epoch}"] for r in memory + loader)
+
+
+def test_drop_last_drops_the_tail_instead_of_padding_and_each_partial_batch(tmp_path):
+    # 103 examples on 2 ranks: 51 each, no example twice; 6 full batches of 8, the 3 left dropped
+    ranks = shards(tmp_path, "memory", drop_last=True)
+    for epoch in (1, 2):
+        per_rank = [r[epoch] for r in ranks]
+        assert [len(s) for s in per_rank] == [51, 51]
+        assert len(set(per_rank[0] + per_rank[1])) == 102
+        assert all(r[f"batch_sizes_{epoch}"] == [8] * 6 for r in ranks)
+    padded = shards(tmp_path, "memory")
+    assert all(r["batch_sizes_1"] == [8] * 6 + [4] for r in padded)  # 52 each, the last batch partial
 
 
 @pytest.mark.parametrize("name", ["synthetic", "fashion_mnist"])
@@ -117,7 +141,7 @@ def test_two_worker_run_writes_results_and_keeps_replicas_identical(tmp_path):
     proc = run_train(*QUICK, "distributed.num_gpus=2", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, output(proc)
     rows = read_rows(tmp_path)
-    assert list(rows[0])[: len(REQUIRED_COLUMNS)] == REQUIRED_COLUMNS
+    assert list(rows[0])[: len(DESIGN_COLUMNS)] == DESIGN_COLUMNS
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     last = rows[-1]
     assert (last["world_size"], last["num_gpus"], last["num_nodes"]) == ("2", "2", "1")
@@ -127,6 +151,8 @@ def test_two_worker_run_writes_results_and_keeps_replicas_identical(tmp_path):
     assert all(int(r["train_count"]) == 512 for r in rows)
     assert float(rows[1]["elapsed_s"]) == pytest.approx(
         float(rows[0]["epoch_time_s"]) + float(rows[1]["epoch_time_s"]), rel=1e-4)
+    for r in rows:  # summed over workers: each rank's rate is at least its count over the epoch
+        assert float(r["images_per_sec"]) >= 0.99 * int(r["train_count"]) / float(r["epoch_time_s"])
     assert float(last["val_acc"]) > 0.3, "synthetic classes are learnable (chance is 0.1)"
     run = read_run(tmp_path)
     assert run["status"] == "completed" and run["error"] is None
