@@ -134,6 +134,9 @@ def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
     (["distributed.comm_hook=int8"], "distributed.comm_hook='int8' is not one of auto, none, shm, bf16, fp16"),
     (["optim.schedule=linear"], "optim.schedule='linear' is not one of cosine, constant"),
     (["optim=adamw", "optim.beta2=1.0"], "optim.beta2=1.0 must be in"),
+    (["train.grad_accum_steps=0"], "train.grad_accum_steps=0 must be >= 1"),
+    (["train.sync_probe_steps=-1"], "train.sync_probe_steps=-1 must be >= 0"),
+    (["train.threads=0"], "train.threads=0 must be >= 1"),
 ])
 def test_bad_values_name_the_key(overrides, error):
     with pytest.raises(ConfigError, match=error):

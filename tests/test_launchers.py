@@ -45,6 +45,7 @@ def test_a_slurm_task_bound_to_its_own_cores_keeps_them_all():
     assert cpu_threads(2) == max(1, cores // 2)  # one mask for the node's workers: share it
     if cores > 1:
         assert cpu_threads(2, task_cpus=cores - 1) == cores // 2  # not bound: share
+    assert cpu_threads(2, requested=3) == 3  # train.threads, as given
     assert slurm_task_cpus({"SLURM_CPUS_PER_TASK": "8"}) == 8 and slurm_task_cpus({}) is None
 
 
@@ -310,6 +311,20 @@ def test_sigkill_of_one_worker_ends_the_run_marked_failed_with_nothing_left(tmp_
     assert len(read_rows(tmp_path)) >= 1
     time.sleep(1)
     assert not _alive(family), "no orphaned worker"
+
+
+def test_workers_end_with_their_job_process_when_it_is_killed_outright(tmp_path):
+    # SIGKILL (or the out-of-memory killer) gives the job process no chance to stop its
+    # workers: they would train on, orphaned, unless they die with their parent.
+    proc = _start_long_run(tmp_path)
+    workers = _worker_pids(_wait_for_epochs(proc, tmp_path, 1))
+    assert len(workers) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while _alive(set(workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(set(workers)), "orphaned workers"
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

@@ -1,10 +1,11 @@
 """The arithmetic, checked exactly on hand-built sweeps with known throughputs."""
 
 import math
+import statistics
 
 import pandas as pd
 import pytest
-from analysis_files import new_sweep
+from analysis_files import IMAGES_PER_EPOCH, new_sweep
 
 from multirun_analysis.findings import key_findings
 from multirun_analysis.sweep import analyse
@@ -85,12 +86,16 @@ def test_seeds_aggregate_to_mean_std_and_n(tmp_path):
         ((100.0, 1000.0), 1000.0),
         ((700.0,), 700.0),  # one epoch: it is all there is
         ((100.0, 1000.0, 1200.0), 1100.0),
+        ((100.0, 1000.0, 1000.0, 1600.0), 1000.0),  # a median, not the mean (1200)
     ],
 )
 def test_throughput_is_the_median_after_the_first_epoch(tmp_path, images_per_sec, expected):
     sweep_dir, write_run = new_sweep(tmp_path)
     write_run("r", images_per_sec=images_per_sec)
-    assert analyse([sweep_dir]).runs.images_per_sec.tolist() == [expected]
+    runs = analyse([sweep_dir]).runs
+    assert runs.images_per_sec.tolist() == [expected]
+    timed = images_per_sec[1:] or images_per_sec
+    assert runs.epoch_time_s.tolist() == [pytest.approx(statistics.median(IMAGES_PER_EPOCH / x for x in timed))]
 
 
 def test_a_single_world_size_has_nothing_to_scale(tmp_path):
