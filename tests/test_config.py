@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
-from conftest import QUICK, REPO, output, run_train
+from conftest import QUICK, REPO, output, read_run, run_train
 from ddpscale.config import (
     AdamWConfig, CNNConfig, Config, ConfigError, SGDConfig, WideResNetConfig, to_config, validate,
 )
@@ -137,6 +137,10 @@ def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
     (["train.grad_accum_steps=0"], "train.grad_accum_steps=0 must be >= 1"),
     (["train.sync_probe_steps=-1"], "train.sync_probe_steps=-1 must be >= 0"),
     (["train.threads=0"], "train.threads=0 must be >= 1"),
+    (["optim.name=adamw"], "optim.name=adamw keeps the keys of another optim option; choose the option "
+                           "with optim=adamw"),
+    (["optim=adamw", "optim.name=sgd"], "choose the option with optim=sgd"),
+    (["model.name=wide_resnet"], "choose the option with model=wide_resnet"),
 ])
 def test_bad_values_name_the_key(overrides, error):
     with pytest.raises(ConfigError, match=error):
@@ -155,6 +159,7 @@ def test_bad_values_name_the_key(overrides, error):
     (["model=resnet9000"], "resnet9000"),
     (["optim.lrr=0.1"], "lrr"),
     (["+trian.epochs=1"], "trian is not a config key (did you mean train?"),
+    (["optim.name=adamw"], "choose the option with optim=adamw"),
     (["distributed.num_nodes=2", "distributed.node_id=3"], "distributed.node_id=3"),
     (["distributed.num_nodes=2", "distributed.node_id=1"], "distributed.master_addr"),
     # an unknown host fails here, not after distributed.timeout_s (60 s in QUICK, 300 by default)
@@ -178,6 +183,11 @@ def test_bad_input_on_the_command_line_fails_fast(tmp_path, overrides, message):
     assert message in output(proc)
     assert "starting" not in output(proc)  # no worker was started
     assert time.monotonic() - start < 30
+    record = tmp_path / "run" / "run.json"
+    if record.exists() or overrides[0].startswith("+trian"):  # node 1 and the refused sweep keep none
+        run = read_run(tmp_path / "run")
+        assert run["status"] == "failed" and message in run["error"]
+        assert run["overrides"][-len(overrides):] == overrides and run["config"]["train"]  # what was asked
 
 
 def test_missing_data_says_where_it_looked_and_how_to_fix(tmp_path):

@@ -299,6 +299,7 @@ def validate(cfg: Config) -> None:
     """Check ranges and combinations that types cannot express; raise ConfigError."""
     d, data, optim, train = cfg.distributed, cfg.data, cfg.optim, cfg.train
     _finite(cfg)
+    _schema_fits_name(cfg)
     _at_least("distributed.num_gpus", d.num_gpus, 1, "worker processes per node")
     _at_least("distributed.num_nodes", d.num_nodes, 1, "nodes")
     if not 0 <= d.node_id < d.num_nodes:
@@ -326,7 +327,7 @@ def validate(cfg: Config) -> None:
     for key in ("train_size", "val_size"):
         value = getattr(data, key)
         if value is not None:
-            _at_least(f"data.{key}", value, 1, "examples (or null for all)")
+            _at_least(f"data.{key}", value, 1, "examples, or null for all")
     _at_least("data.channels", data.channels, 1, "image channels")
     _at_least("data.num_classes", data.num_classes, 2, "classes")
     _positive("data.std", data.std)
@@ -353,7 +354,7 @@ def validate(cfg: Config) -> None:
     _at_least("train.grad_accum_steps", train.grad_accum_steps, 1, "micro-batches per step")
     _at_least("train.sync_probe_steps", train.sync_probe_steps, 0, "probe steps (0: off)")
     if train.threads is not None:
-        _at_least("train.threads", train.threads, 1, "CPU threads per worker (or null)")
+        _at_least("train.threads", train.threads, 1, "CPU threads per worker, or null")
 
     _validate_model(cfg.model, data)
     for key, allowed in _CHOICES.items():
@@ -361,6 +362,24 @@ def validate(cfg: Config) -> None:
         value = getattr(getattr(cfg, group), name)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+
+
+# The built-in options' schemas, by group and name: `optim.name=adamw` left on the SGD
+# schema would reach the optimizer's builder without beta1, beta2 or eps.
+_BUILT_IN_SCHEMAS = {
+    ("model", "cnn"): CNNConfig, ("model", "wide_resnet"): WideResNetConfig,
+    ("optim", "sgd"): SGDConfig, ("optim", "adamw"): AdamWConfig,
+}
+
+
+def _schema_fits_name(cfg: Config) -> None:
+    for (group, name), schema in _BUILT_IN_SCHEMAS.items():
+        node = getattr(cfg, group)
+        if node.name == name and not isinstance(node, schema):
+            raise ConfigError(
+                f"{group}.name={name} keeps the keys of another {group} option; choose the option "
+                f"with {group}={name} (the config group), not by setting {group}.name"
+            )
 
 
 def validate_for_device(cfg: Config, device: str) -> None:

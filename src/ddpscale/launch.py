@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from omegaconf import DictConfig, OmegaConf
 
 from ddpscale import data as data_lib
 from ddpscale import distributed as ddist
@@ -132,7 +133,13 @@ def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]
 
 def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0, record) -> dict:
     """Type and check the config, record the run's start, run the workers; their summary."""
-    cfg = _typed_config(raw_cfg, launcher, placement)
+    try:
+        cfg = _typed_config(raw_cfg, launcher, placement)
+    except ConfigError:
+        if record:  # what was asked for, though it cannot run: the analysis lists it
+            record.start(overrides=overrides, config=_as_given(raw_cfg), launcher=launcher,
+                         output_dir=str(out_dir))
+        raise
     if record:
         record.start(overrides=overrides, config=as_dict(cfg), launcher=launcher,
                      output_dir=str(out_dir), world_size=_world(cfg))
@@ -218,6 +225,16 @@ def _typed_config(raw_cfg: Any, launcher: str, placement: ddist.Placement | None
         rendezvous = ddist.launched_rendezvous(launcher, d)
         d.master_addr, d.master_port = rendezvous.addr, rendezvous.port
     return cfg
+
+
+def _as_given(raw_cfg: Any) -> Any:
+    """The composed config as plain data, unknown keys included, for run.json."""
+    if not isinstance(raw_cfg, DictConfig):
+        return None
+    try:
+        return OmegaConf.to_container(raw_cfg, resolve=True)
+    except Exception:  # an interpolation that does not resolve: keep it as written
+        return OmegaConf.to_container(raw_cfg, resolve=False)
 
 
 def _original_path(path: str) -> str:
