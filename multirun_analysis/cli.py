@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=None,
-        help="output directory (default: FIRST_SWEEP_DIR/analysis)",
+        help="output directory (default: analysis/ in the first SWEEP_DIR holding runs)",
     )
     parser.add_argument(
         "--target-acc",
@@ -73,7 +73,8 @@ def main(argv=None) -> int:
             "analysing the other directories",
             file=sys.stderr,
         )
-    out = args.out or args.sweep_dirs[0] / "analysis"
+    # by default beside the runs: in the first directory that has any
+    out = args.out or next(s for s in args.sweep_dirs if s not in empty) / "analysis"
     problem = _make_out(out)
     if problem:
         print(f"multirun_analysis: error: {problem}", file=sys.stderr)

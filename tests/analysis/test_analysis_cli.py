@@ -126,14 +126,15 @@ def test_out_and_target_acc_options(two_sweeps, tmp_path):
 def test_a_directory_without_runs_beside_others_is_a_warning(two_sweeps, tmp_path):
     a, _ = two_sweeps
     (tmp_path / "empty").mkdir()
-    result = run_cli(str(tmp_path / "empty"), str(a), "--out", str(tmp_path / "out"))
+    result = run_cli(str(tmp_path / "empty"), str(a))
     assert result.returncode == 0, result.stderr
     assert result.stderr == (
         f"multirun_analysis: warning: no runs found under {tmp_path / 'empty'}; "
         "analysing the other directories\n"
     )
     assert "2 runs found, 2 analysed" in result.stdout
-    assert (tmp_path / "out" / "report.html").exists()
+    # the report goes beside the runs, not into the empty directory named first
+    assert (a / "analysis" / "report.html").exists() and not (tmp_path / "empty" / "analysis").exists()
 
 
 def test_directories_that_all_lack_runs_are_an_error(tmp_path):
