@@ -201,6 +201,7 @@ def test_missing_data_says_where_it_looked_and_how_to_fix(tmp_path):
 
 @pytest.mark.parametrize("overrides,message", [
     (["data.num_classes=5"], "data=fashion_mnist has 10 classes but data.num_classes=5"),
+    (["data.num_classes=20"], "data=fashion_mnist has 10 classes but data.num_classes=20"),
     (["data.image_size=32"], "data=fashion_mnist has 1x28x28 images but the config says"),
     (["data.train_size=60001"], "data.train_size=60001 is more than data=fashion_mnist has "
                                 "(60000 training examples); lower data.train_size, or set data.train_size=null"),

@@ -89,7 +89,7 @@ def _check_idx(cfg: DataConfig, folder: Path) -> int:
             "leave those keys at the data option's values"
         )
     classes = int(_read_idx(labels).max()) + 1
-    if classes > cfg.num_classes:
+    if classes != cfg.num_classes:  # more would train outputs no label ever asks for
         raise ConfigError(
             f"data={cfg.name} has {classes} classes but data.num_classes={cfg.num_classes}; "
             "leave data.num_classes at the data option's value"
@@ -138,6 +138,13 @@ def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
             "that partial batch, so an epoch would train no step; lower data.batch_size, "
             "raise data.train_size or set data.drop_last=false"
         )
+    shard = -(-train_count // world_size)  # DistributedSampler's padded share
+    if not cfg.drop_last and shard < cfg.batch_size:
+        log.info("notice: data.batch_size=%d is more than each of the %d worker(s) gets (%d of %d "
+                 "training examples): every step trains on a batch of %d, but results.csv will say "
+                 "batch_size=%d (global_batch_size=%d); set data.batch_size=%d to record the batch "
+                 "the run trains with", cfg.batch_size, world_size, shard, train_count, shard,
+                 cfg.batch_size, cfg.batch_size * world_size, shard)
 
 
 def load_split(cfg: DataConfig, train: bool) -> Split:
