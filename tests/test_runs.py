@@ -101,6 +101,46 @@ def test_a_failed_job_does_not_stop_the_sweep(tmp_path):
     assert len(read_rows(tmp_path / "1")) == 1
 
 
+def test_a_sweep_into_a_directory_of_failed_runs_counts_only_its_own_jobs(tmp_path):
+    """A sweep directory whose runs all failed may be reused; its old runs are not the new sweep's."""
+    typos = run_train(*QUICK, "optim.lr=-1,-2", f"hydra.sweep.dir={tmp_path}", "-m")
+    assert typos.returncode == 1 and "2 of 2 run(s) did not complete" in output(typos)
+    fixed = run_train(*QUICK, "train.epochs=1", "optim.lr=0.1", f"hydra.sweep.dir={tmp_path}", "-m")
+    assert fixed.returncode == 0, output(fixed)
+    assert "1 run(s), 1 completed (1 older run(s) in this directory not counted)" in output(fixed)
+    assert read_run(tmp_path / "1")["status"] == "failed"  # left where it was
+
+
+def test_a_job_leaves_no_file_descriptor_open_in_the_sweep_process(tmp_path):
+    """A sweep runs its jobs in one process; one descriptor kept per job failed every job
+    after about a thousand (ulimit -n) with 'Too many open files'."""
+    from hydra import compose, initialize_config_dir
+
+    from ddpscale.launch import run_job
+    from ddpscale.worker import train
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose("config", overrides=[*QUICK, "train.epochs=1", "data.train_size=64"])
+    def job(name: str) -> bool:
+        (tmp_path / name).mkdir()  # as Hydra makes it
+        return run_job(cfg, train, tmp_path / name, []).ok
+
+    open_now = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    assert job("0")  # the first loads what later jobs reuse
+    before = open_now()
+    assert job("1") and job("2") and job("3")
+    assert open_now() == before
+
+
+def test_a_run_whose_end_cannot_be_written_counts_as_failed_and_says_why(tmp_path):
+    from ddpscale.launch import Outcome, _finish
+    from ddpscale.results import RunRecord
+
+    outcome = _finish(RunRecord(tmp_path / "gone"), Outcome("completed"))  # no such directory
+    assert (outcome.status, outcome.exit_code, outcome.recorded) == ("failed", 1, False)
+    assert f"its end could not be written to {tmp_path / 'gone' / 'run.json'}" in outcome.error
+
+
 def _snapshot(directory) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 

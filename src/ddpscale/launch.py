@@ -126,9 +126,7 @@ def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]
         _STOP_SIGNALS.wind_up()
         message = _failure_message(err)
         log.error("run failed: %s", message)
-        if record:
-            record.update(traceback=_traceback_text(err))
-        return _finish(record, Outcome("failed", message, exit_code=1))
+        return _finish(record, Outcome("failed", message, exit_code=1), traceback=_traceback_text(err))
 
 
 def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0, record) -> dict:
@@ -194,9 +192,17 @@ def _quiet(*_args: Any) -> None:
     """Notices come from the process holding global rank 0 only."""
 
 
-def _finish(record: RunRecord | None, outcome: Outcome) -> Outcome:
+def _finish(record: RunRecord | None, outcome: Outcome, **fields: Any) -> Outcome:
+    """Write how the run ended into run.json; when that fails (disk full, no file
+    descriptors left), say so and count the run as failed from the outcome itself."""
     if record:
-        record.finish(outcome.status, outcome.error)
+        try:
+            record.finish(outcome.status, outcome.error, **fields)
+        except OSError as err:
+            why = f"its end could not be written to {record.path} ({err}), which still says running"
+            log.error("error: the run %s, but %s", outcome.status, why)
+            return Outcome("failed", f"{outcome.error}; {why}" if outcome.error else why,
+                           exit_code=outcome.exit_code or 1, recorded=False)
     return outcome
 
 
@@ -260,7 +266,9 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
     plan = Plan(cfg, str(out_dir), device, backend, ddist.SPAWN, ddist.Rendezvous(addr, port, d.timeout_s))
     log.info("starting %d worker(s) on node %d/%d (%s, %s), rendezvous %s:%d",
              d.num_gpus, d.node_id, d.num_nodes, device, backend, addr, port)
-    summary_file = Path(tempfile.mkstemp(prefix="ddpscale-summary-", suffix=".pt")[1])
+    fd, name = tempfile.mkstemp(prefix="ddpscale-summary-", suffix=".pt")
+    os.close(fd)  # only its name goes to rank 0; an open descriptor per job ran a long sweep out of them
+    summary_file = Path(name)
     context = mp.start_processes(_spawn_entry, args=(plan, worker, str(summary_file), os.getpid()),
                                  nprocs=d.num_gpus, join=False, start_method="spawn")
     try:

@@ -104,9 +104,9 @@ class RunRecord:
         """Merge fields into the record."""
         self._write({**self.read(), **fields})
 
-    def finish(self, status: str, error: str | None = None) -> None:
-        """Mark the run completed, failed or interrupted."""
-        self.update(status=status, error=error, end_time=now_iso())
+    def finish(self, status: str, error: str | None = None, **fields: Any) -> None:
+        """Mark the run completed, failed or interrupted (with any last fields)."""
+        self.update(**fields, status=status, error=error, end_time=now_iso())
 
     def read(self) -> dict[str, Any]:
         try:

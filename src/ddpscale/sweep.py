@@ -78,11 +78,14 @@ def _prints_only(argv: list[str]) -> str | None:
         return None
 
 
-def sweep_statuses(sweep_dir: Path) -> list[dict[str, Any]]:
-    """status, error and overrides of every run.json below a sweep directory."""
+def sweep_statuses(sweep_dir: Path, since: float = 0.0) -> list[dict[str, Any]]:
+    """status, error and overrides of every run.json below a sweep directory written at
+    or after `since` (seconds since the epoch)."""
     rows = []
     for path in sorted(sweep_dir.rglob("run.json")):
         try:
+            if path.stat().st_mtime < since:
+                continue
             record = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             record = {"status": "unreadable", "error": str(err)}
@@ -222,9 +225,16 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows = sweep_statuses(sweep_dir) + self.unrecorded
+        # A sweep directory may hold an earlier sweep's failed runs (it may be reused then):
+        # this sweep's run.json files are those written since Hydra wrote its multirun.yaml,
+        # both stamped by the same file system's clock.
+        marker = sweep_dir / "multirun.yaml"
+        rows = sweep_statuses(sweep_dir, since=marker.stat().st_mtime if marker.exists() else 0.0)
+        rows += self.unrecorded
         bad = [r for r in rows if r["status"] != "completed"]
-        log.info("sweep %s: %d run(s), %d completed", sweep_dir, len(rows), len(rows) - len(bad))
+        older = len(sweep_statuses(sweep_dir)) - (len(rows) - len(self.unrecorded))
+        log.info("sweep %s: %d run(s), %d completed%s", sweep_dir, len(rows), len(rows) - len(bad),
+                 f" ({older} older run(s) in this directory not counted)" if older else "")
         for r in bad:
             log.error("  %s  %s  %s: %s", r["status"], " ".join(r["overrides"]), r["dir"], r["error"])
         if bad:
