@@ -17,12 +17,17 @@ from omegaconf import DictConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))  # run from a checkout, too
 
 import ddpscale.config  # noqa: E402,F401  (importing it registers the schema)
-from ddpscale.distributed import SPAWN, detect_launcher, exit_finished_worker  # noqa: E402
+from ddpscale.distributed import (  # noqa: E402
+    SPAWN, detect_launcher, exit_finished_worker, launch_environment_problem,
+)
 from ddpscale.launch import run_job  # noqa: E402
 from ddpscale.sweep import register_resolvers  # noqa: E402
 from ddpscale.worker import train  # noqa: E402  (the workers' body)
 
 register_resolvers(sys.argv[1:])  # --cfg only prints: it creates no output directory
+if launch_environment_problem():  # before Hydra reads the environment for the output directory
+    print(f"error: {launch_environment_problem()}", file=sys.stderr)
+    sys.exit(2)
 
 
 @hydra.main(version_base=None, config_path=str(Path(__file__).resolve().parent / "conf"),

@@ -135,6 +135,10 @@ def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
     (["optim.schedule=linear"], "optim.schedule='linear' is not one of cosine, constant"),
     (["optim=adamw", "optim.beta2=1.0"], "optim.beta2=1.0 must be in"),
     (["train.grad_accum_steps=0"], "train.grad_accum_steps=0 must be >= 1"),
+    (["~distributed"], "the distributed group has no option; choose one \\(distributed=<option>"),
+    (["model.name=???"], "model.name has no value; give it one"),
+    (["distributed.timeout_s=1e30"], "distributed.timeout_s=1e\\+30 must be at most 604800 \\(a week"),
+    (["distributed.bucket_cap_mb=1e30"], "distributed.bucket_cap_mb=1e\\+30 must be at most 1e\\+06"),
     (["train.sync_probe_steps=-1"], "train.sync_probe_steps=-1 must be >= 0"),
     (["train.threads=0"], "train.threads=0 must be >= 1"),
     (["optim.name=adamw"], "optim.name=adamw keeps the keys of another optim option; choose the option "
@@ -160,6 +164,7 @@ def test_bad_values_name_the_key(overrides, error):
     (["optim.lrr=0.1"], "lrr"),
     (["+trian.epochs=1"], "trian is not a config key (did you mean train?"),
     (["optim.name=adamw"], "choose the option with optim=adamw"),
+    (["data.batch_size=???"], "data.batch_size has no value; give it one (data.batch_size=...)"),
     (["distributed.num_nodes=2", "distributed.node_id=3"], "distributed.node_id=3"),
     (["distributed.num_nodes=2", "distributed.node_id=1"], "distributed.master_addr"),
     # an unknown host fails here, not after distributed.timeout_s (60 s in QUICK, 300 by default)

@@ -16,7 +16,7 @@ import pytest
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train
 from ddpscale.config import ConfigError
 from ddpscale.distributed import (check_master_addr, cpu_threads, detect_launcher, free_port, host_store,
-                                  slurm_task_cpus)
+                                  launch_environment_problem, slurm_task_cpus)
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -37,6 +37,34 @@ SRUN_TASK = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_PROCID": "2", "SLU
 ])
 def test_the_launcher_is_read_from_the_environment(env, launcher):
     assert detect_launcher(env) == launcher
+
+
+TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("env,problem", [
+    ({}, None),
+    (TORCHRUN_ENV, None),
+    ({**TORCHRUN_ENV, "TORCHELASTIC_RUN_ID": "x"}, None),
+    ({k: v for k, v in TORCHRUN_ENV.items() if not k.startswith("MASTER")},
+     "the environment holds RANK, LOCAL_RANK, WORLD_SIZE, so this process is taken for a torchrun "
+     "worker, but MASTER_ADDR, MASTER_PORT are not set; start it with torchrun"),
+    ({"TORCHELASTIC_RUN_ID": "x"}, "but RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set"),
+    ({**TORCHRUN_ENV, "RANK": "a"}, "but RANK='a' is not a whole number"),
+])
+def test_a_partial_torchrun_environment_is_named_with_the_fix(env, problem):
+    found = launch_environment_problem(env)
+    assert found == problem if problem is None else problem in found
+
+
+def test_a_partial_torchrun_environment_stops_train_py_at_once(tmp_path):
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+    env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
+    proc = subprocess.run([sys.executable, "train.py", *QUICK, f"hydra.run.dir={tmp_path}/run"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith("so that train.py starts its own workers")
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_slurm_task_bound_to_its_own_cores_keeps_them_all():

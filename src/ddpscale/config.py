@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 
 class ConfigError(ValueError):
@@ -256,7 +257,15 @@ def to_config(cfg: DictConfig | Config) -> Config:
     unknown = unknown_keys(cfg)
     if unknown:
         raise ConfigError("; ".join(unknown))
-    return OmegaConf.to_object(cfg)
+    try:
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:  # `~distributed`, `model.name=???`
+        key = err.full_key
+        if "." not in key:
+            raise ConfigError(f"the {key} group has no option; choose one ({key}=<option>, see conf/{key}/) "
+                              f"or drop the ~{key} override") from None
+        raise ConfigError(f"{key} has no value; give it one ({key}=...), or leave it at its "
+                          f"{key.split('.')[0]} option's value") from None
 
 
 def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
@@ -320,7 +329,9 @@ def validate(cfg: Config) -> None:
     if d.master_port is not None and not 1 <= d.master_port <= 65535:
         raise ConfigError(f"distributed.master_port={d.master_port} must be in 1..65535")
     _positive("distributed.timeout_s", d.timeout_s)
+    _at_most("distributed.timeout_s", d.timeout_s, 7 * 24 * 3600, "a week; the rendezvous cannot count further")
     _positive("distributed.bucket_cap_mb", d.bucket_cap_mb)
+    _at_most("distributed.bucket_cap_mb", d.bucket_cap_mb, 1e6, "a terabyte; DDP counts bucket bytes in 64 bits")
 
     _at_least("data.batch_size", data.batch_size, 1, "examples per worker and step")
     _at_least("data.num_workers", data.num_workers, 0, "DataLoader processes")
@@ -413,6 +424,11 @@ def registered(registry: Mapping[str, Any], key: str, name: str, where: str) -> 
         raise ConfigError(f"{key}={name!r} is unknown; valid: {', '.join(registry)}; one of "
                           f"your own goes into {where} (README: Extending)")
     return registry[name]
+
+
+def _at_most(key: str, value: float, high: float, what: str) -> None:
+    if value > high:
+        raise ConfigError(f"{key}={value:g} must be at most {high:g} ({what})")
 
 
 def _at_least(key: str, value: int, low: int, what: str) -> None:

@@ -105,6 +105,27 @@ def detect_launcher(env: Mapping[str, str] = os.environ) -> str:
     return SPAWN
 
 
+_TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launch_environment_problem(env: Mapping[str, str] = os.environ) -> str | None:
+    """What is wrong with a torchrun environment that is only partly there (a variable
+    left exported in a shell, a hand-made launcher); None when it is whole or absent."""
+    if detect_launcher(env) != TORCHRUN:
+        return None
+    found = [k for k in ("TORCHELASTIC_RUN_ID", *_TORCHRUN_VARS) if k in env]
+    missing = [k for k in _TORCHRUN_VARS if not env.get(k)]
+    bad = [f"{k}={env[k]!r}" for k in _TORCHRUN_VARS if k not in ("MASTER_ADDR",) and env.get(k)
+           and not env[k].strip().isdigit()]
+    if not missing and not bad:
+        return None
+    wrong = (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set" if missing
+             else f"{', '.join(bad)} is not a whole number")
+    return (f"the environment holds {', '.join(found)}, so this process is taken for a torchrun "
+            f"worker, but {wrong}; start it with torchrun (torchrun --nproc_per_node=N train.py "
+            f"...), or unset {' '.join(found)} so that train.py starts its own workers")
+
+
 # SLURM's variables and their submitit-local twins.
 _SLURM_VARS = {
     "PROCID": ("SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID"),

@@ -91,7 +91,7 @@ def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]
     record = None
     try:
         placement = None if launcher == ddist.SPAWN else ddist.launched_placement(launcher)
-        holds_rank0 = ddist.holds_global_rank0(_node_id(raw_cfg))
+        holds_rank0 = ddist.holds_global_rank0(node_id(raw_cfg))
         found = earlier_run(out_dir) if holds_rank0 else []
         if found:  # two jobs given one directory (sweep.FreshOutputDir catches a reused one sooner)
             message = taken_message(str(out_dir), found, "give every job its own directory "
@@ -206,10 +206,12 @@ def _finish(record: RunRecord | None, outcome: Outcome, **fields: Any) -> Outcom
     return outcome
 
 
-def _node_id(raw_cfg: Any) -> int:
+def node_id(raw_cfg: Any) -> int:
+    """distributed.node_id of a config not yet checked (0 when it has none to read: the
+    checks that follow say what is wrong with it)."""
     try:
         return int(raw_cfg.distributed.node_id)
-    except (AttributeError, TypeError, ValueError):
+    except Exception:  # missing, deleted (~distributed) or not a number
         return 0
 
 

@@ -179,9 +179,10 @@ def refuse_a_used_dir(config: DictConfig, mode: str) -> None:
     """Exit 2 if hydra.<mode>.dir was given explicitly and holds run files (any depth for a sweep)."""
     from ddpscale.distributed import holds_global_rank0
 
+    from ddpscale.launch import node_id
+
     raw = OmegaConf.to_container(config.hydra[mode], resolve=False)["dir"]
-    if "${ddpscale_dir:" in str(raw) or not holds_global_rank0(
-            OmegaConf.select(config, "distributed.node_id", default=0)):
+    if "${ddpscale_dir:" in str(raw) or not holds_global_rank0(node_id(config)):
         return  # a fresh directory by construction, or a process that writes no run files
     directory = Path(str(OmegaConf.select(config, f"hydra.{mode}.dir")))
     if mode == "run":
