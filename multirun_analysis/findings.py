@@ -28,6 +28,7 @@ def key_findings(analysis: Analysis) -> list[str]:
         *_overlapping(analysis.runs),
         _best_throughput(analysis.configs),
         *_scaling(analysis.scaling, analysis.configs),
+        *_more_than_linear(analysis.scaling),
         *_accuracy(analysis.configs, analysis.target_acc),
     ]
 
@@ -166,6 +167,24 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
         if " to " in span:
             text += f" (mean {signed(change.mean())})"
     return text + "."
+
+
+SUPERLINEAR = 1.1  # efficiency above this is worth a warning
+
+
+def _more_than_linear(scaling: pd.DataFrame) -> list[str]:
+    """Efficiencies well above 1: rare in data-parallel training, usually a slow baseline."""
+    high = scaling[(scaling.world_size > scaling.baseline_world_size) & (scaling.efficiency > SUPERLINEAR)]
+    if high.empty:
+        return []
+    top = high.loc[high.efficiency.idxmax()]
+    return [
+        f"**{_plural(len(high), 'scaling point')} above efficiency {SUPERLINEAR:.2f}** (highest: "
+        f"{top.efficiency:.2f}, {top.group} at world size {format_value(top.world_size)}): more than "
+        "linear is rare in data-parallel training and usually means the baseline ran slow "
+        "(other load on the machine, or fewer cores than its threads); rerun the baseline alone "
+        "before trusting these speedups."
+    ]
 
 
 def _span(values: pd.Series, form, dash: str = "–") -> str:

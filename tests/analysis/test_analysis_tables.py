@@ -218,3 +218,15 @@ def test_no_groups_of_a_kind_says_what_else_must_be_alike(tmp_path):
         "Strong scaling (global batch fixed): no groups (no global_batch_size was run at two or "
         "more world sizes with everything else alike)."
     ) in findings
+
+
+@pytest.mark.parametrize("ws2_images_per_sec,warned", [(2600.0, True), (2100.0, False)])
+def test_efficiency_well_above_one_is_flagged_as_a_slow_baseline(tmp_path, ws2_images_per_sec, warned):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("ws1", world_size=1, images_per_sec=(1000.0,) * 3)
+    write_run("ws2", world_size=2, images_per_sec=(ws2_images_per_sec,) * 3)
+    findings = " ".join(key_findings(analyse([sweep_dir])))
+    flagged = ("scaling point above efficiency 1.10** (highest: 1.30, W1 at world size 2): more than "
+               "linear is rare")
+    assert (flagged in findings) == warned
+    assert ("above efficiency" in findings) == warned
