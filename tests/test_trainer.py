@@ -130,3 +130,22 @@ def test_channels_last_hands_the_model_nhwc_batches(channels_last):
     trainer = _lone_trainer(channels_last=channels_last)
     x, _ = trainer._to_device(torch.randn(4, 3, 12, 12), torch.zeros(4, dtype=torch.long))
     assert x.is_contiguous(memory_format=torch.channels_last) == channels_last
+
+
+def _ddp_knobs(rank: int, world: int, port: int, out: str) -> None:
+    placement = Placement(rank, rank, world, world, 0)
+    ctx = WorkerContext(placement, CPU, "gloo", "spawn")
+    with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 60)):
+        data_cfg = DataConfig(name="synthetic", image_size=12)
+        ddp = wrap_ddp(CNN(CNNConfig(), data_cfg), ctx, DistributedConfig(
+            bucket_cap_mb=1, gradient_as_bucket_view=False, static_graph=True, comm_hook="bf16"))
+        with open(out, "w") as f:
+            json.dump([ddp.bucket_bytes_cap, ddp.gradient_as_bucket_view, ddp.static_graph,
+                       ddp.grad_allreduce], f)
+
+
+def test_the_ddp_knobs_reach_ddp(tmp_path):
+    out = tmp_path / "knobs.json"
+    store = host_store("127.0.0.1", None, 1, 60)
+    spawn(_ddp_knobs, (1, store.port, str(out)), 1)
+    assert json.loads(out.read_text()) == [2**20, False, True, "bf16"]
