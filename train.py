@@ -25,8 +25,9 @@ from ddpscale.sweep import register_resolvers  # noqa: E402
 from ddpscale.worker import train  # noqa: E402  (the workers' body)
 
 register_resolvers(sys.argv[1:])  # --cfg only prints: it creates no output directory
-if launch_environment_problem():  # before Hydra reads the environment for the output directory
-    print(f"error: {launch_environment_problem()}", file=sys.stderr)
+_problem = launch_environment_problem()  # before Hydra reads the environment for the output directory
+if _problem:
+    print(f"error: {_problem}", file=sys.stderr)
     sys.exit(2)
 
 

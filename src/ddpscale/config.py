@@ -230,16 +230,23 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
+# The built-in options' schemas, by group and name. validate() also holds a config to
+# them: `optim.name=adamw` left on the SGD schema would reach the optimizer's builder
+# without beta1, beta2 or eps.
+_BUILT_IN_SCHEMAS = {
+    ("model", "cnn"): CNNConfig, ("model", "wide_resnet"): WideResNetConfig,
+    ("optim", "sgd"): SGDConfig, ("optim", "adamw"): AdamWConfig,
+}
+
+
 def register_configs() -> None:
     """Register the schemas so `conf/` can build on them (idempotent)."""
     cs = ConfigStore.instance()
     # Kept under schema/ so that `model=...` errors list only the real options.
     cs.store(group="schema", name="config", node=Config)
-    cs.store(group="schema/model", name="cnn", node=CNNConfig)
-    cs.store(group="schema/model", name="wide_resnet", node=WideResNetConfig)
+    for (group, name), schema in _BUILT_IN_SCHEMAS.items():
+        cs.store(group=f"schema/{group}", name=name, node=schema)
     cs.store(group="schema/data", name="data", node=DataConfig)
-    cs.store(group="schema/optim", name="sgd", node=SGDConfig)
-    cs.store(group="schema/optim", name="adamw", node=AdamWConfig)
     cs.store(group="schema/distributed", name="distributed", node=DistributedConfig)
 
 
@@ -373,14 +380,6 @@ def validate(cfg: Config) -> None:
         value = getattr(getattr(cfg, group), name)
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
-
-
-# The built-in options' schemas, by group and name: `optim.name=adamw` left on the SGD
-# schema would reach the optimizer's builder without beta1, beta2 or eps.
-_BUILT_IN_SCHEMAS = {
-    ("model", "cnn"): CNNConfig, ("model", "wide_resnet"): WideResNetConfig,
-    ("optim", "sgd"): SGDConfig, ("optim", "adamw"): AdamWConfig,
-}
 
 
 def _schema_fits_name(cfg: Config) -> None:

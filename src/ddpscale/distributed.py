@@ -115,7 +115,7 @@ def launch_environment_problem(env: Mapping[str, str] = os.environ) -> str | Non
         return None
     found = [k for k in ("TORCHELASTIC_RUN_ID", *_TORCHRUN_VARS) if k in env]
     missing = [k for k in _TORCHRUN_VARS if not env.get(k)]
-    bad = [f"{k}={env[k]!r}" for k in _TORCHRUN_VARS if k not in ("MASTER_ADDR",) and env.get(k)
+    bad = [f"{k}={env[k]!r}" for k in _TORCHRUN_VARS if k != "MASTER_ADDR" and env.get(k)
            and not env[k].strip().isdigit()]
     if not missing and not bad:
         return None

@@ -78,20 +78,21 @@ def _prints_only(argv: list[str]) -> str | None:
         return None
 
 
-def sweep_statuses(sweep_dir: Path, since: float = 0.0) -> list[dict[str, Any]]:
+def sweep_statuses(sweep_dir: Path, since: float = 0.0) -> tuple[list[dict[str, Any]], int]:
     """status, error and overrides of every run.json below a sweep directory written at
-    or after `since` (seconds since the epoch)."""
-    rows = []
+    or after `since` (seconds since the epoch), and how many older ones were passed over."""
+    rows, older = [], 0
     for path in sorted(sweep_dir.rglob("run.json")):
         try:
             if path.stat().st_mtime < since:
+                older += 1
                 continue
             record = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             record = {"status": "unreadable", "error": str(err)}
         rows.append({"dir": str(path.parent), "status": record.get("status"),
                      "error": record.get("error"), "overrides": record.get("overrides", [])})
-    return rows
+    return rows, older
 
 
 class FreshOutputDir(Callback):
@@ -178,7 +179,6 @@ def _values(override: Any) -> int:
 def refuse_a_used_dir(config: DictConfig, mode: str) -> None:
     """Exit 2 if hydra.<mode>.dir was given explicitly and holds run files (any depth for a sweep)."""
     from ddpscale.distributed import holds_global_rank0
-
     from ddpscale.launch import node_id
 
     raw = OmegaConf.to_container(config.hydra[mode], resolve=False)["dir"]
@@ -230,10 +230,9 @@ class SweepSummary(Callback):
         # this sweep's run.json files are those written since Hydra wrote its multirun.yaml,
         # both stamped by the same file system's clock.
         marker = sweep_dir / "multirun.yaml"
-        rows = sweep_statuses(sweep_dir, since=marker.stat().st_mtime if marker.exists() else 0.0)
+        rows, older = sweep_statuses(sweep_dir, since=marker.stat().st_mtime if marker.exists() else 0.0)
         rows += self.unrecorded
         bad = [r for r in rows if r["status"] != "completed"]
-        older = len(sweep_statuses(sweep_dir)) - (len(rows) - len(self.unrecorded))
         log.info("sweep %s: %d run(s), %d completed%s", sweep_dir, len(rows), len(rows) - len(bad),
                  f" ({older} older run(s) in this directory not counted)" if older else "")
         for r in bad:
