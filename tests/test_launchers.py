@@ -54,12 +54,13 @@ TORCHRUN_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR"
 ])
 def test_a_partial_torchrun_environment_is_named_with_the_fix(env, problem):
     found = launch_environment_problem(env)
-    assert found == problem if problem is None else problem in found
+    assert (found is None) if problem is None else (problem in found)
 
 
 def test_a_partial_torchrun_environment_stops_train_py_at_once(tmp_path):
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
-    env.pop("MASTER_ADDR", None), env.pop("MASTER_PORT", None)
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
     proc = subprocess.run([sys.executable, "train.py", *QUICK, f"hydra.run.dir={tmp_path}/run"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

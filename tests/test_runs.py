@@ -121,6 +121,7 @@ def test_a_job_leaves_no_file_descriptor_open_in_the_sweep_process(tmp_path):
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = compose("config", overrides=[*QUICK, "train.epochs=1", "data.train_size=64"])
+
     def job(name: str) -> bool:
         (tmp_path / name).mkdir()  # as Hydra makes it
         return run_job(cfg, train, tmp_path / name, []).ok
