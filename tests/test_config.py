@@ -128,6 +128,8 @@ def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
     (["distributed.num_nodes=2", "distributed.master_addr=h"], "needs distributed.master_port"),
     (["model=wide_resnet", "model.depth=12"], "model.depth=12 must be 6n\\+4"),
     (["model=wide_resnet", "data.image_size=0"], "data.image_size=0 must be >= 1"),
+    (["model=wide_resnet", "data=synthetic", "data.image_size=4"],
+     "model=wide_resnet needs images of at least 5x5 pixels, data.image_size=4"),
     (["train.seed=18446744073709551616"], "train.seed=18446744073709551616 does not fit in 64 bits"),
     (["data=synthetic", "data.seed=18446744073709551615"], "data.seed=18446744073709551615 does not fit"),
     (["data.loader=fast"], "data.loader='fast' is not one of memory, dataloader"),
@@ -204,10 +206,21 @@ def test_missing_data_says_where_it_looked_and_how_to_fix(tmp_path):
     assert "data.download=true" in text and "data=synthetic" in text
 
 
+def test_a_failed_download_says_why_and_leaves_no_empty_folders(tmp_path):
+    refused = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused
+    proc = run_train(f"data.root={tmp_path}/data", f"hydra.run.dir={tmp_path}/run", timeout=120,
+                     env={"http_proxy": refused, "https_proxy": refused, "no_proxy": ""})
+    assert proc.returncode == 2, output(proc)
+    assert "the download failed" in output(proc) and "data=synthetic" in output(proc)
+    assert not (tmp_path / "data").exists()  # a retry downloads again rather than finding a shell
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["data.num_classes=5"], "data=fashion_mnist has 10 classes but data.num_classes=5"),
     (["data.num_classes=20"], "data=fashion_mnist has 10 classes but data.num_classes=20"),
     (["data.image_size=32"], "data=fashion_mnist has 1x28x28 images but the config says"),
+    (["data.noise=2"], "data.noise=2.0 changes nothing for data=fashion_mnist, which is read from files"),
+    (["data.seed=7"], "data.seed=7 changes nothing for data=fashion_mnist, which is read from files"),
     (["data.train_size=60001"], "data.train_size=60001 is more than data=fashion_mnist has "
                                 "(60000 training examples); lower data.train_size, or set data.train_size=null"),
     (["data.val_size=20000"], "data.val_size=20000 is more than data=fashion_mnist has "

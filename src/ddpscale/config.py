@@ -414,6 +414,10 @@ def _validate_model(model: ModelConfig, data: DataConfig) -> None:
             raise ConfigError(
                 f"model.depth={model.depth} must be 6n+4 with n >= 1 (10, 16, 22, 28, 40)"
             )
+        if data.image_size < 5:  # its two stride-2 stages leave a 1x1 map, where BatchNorm
+            raise ConfigError(   # fails on a batch of one, such as an epoch's last
+                f"model=wide_resnet needs images of at least 5x5 pixels, data.image_size={data.image_size}"
+            )
 
 
 def registered(registry: Mapping[str, Any], key: str, name: str, where: str) -> Any:

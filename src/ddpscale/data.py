@@ -67,6 +67,7 @@ def prepare(cfg: DataConfig, world_size: int) -> None:
     elif cfg.name not in _IDX_DATASETS:  # a data set of the user's (DATASETS)
         train_count = _check_plugged_in(cfg)
     else:
+        _refuse_generator_keys(cfg)
         folder = _raw_folder(cfg)
         if _missing_files(folder):
             if not cfg.download:
@@ -74,6 +75,19 @@ def prepare(cfg: DataConfig, world_size: int) -> None:
             _download(cfg, folder)
         train_count = _check_idx(cfg, folder)
     _check_batches(cfg, world_size, train_count)
+
+
+def _refuse_generator_keys(cfg: DataConfig) -> None:
+    """data.noise and data.seed shape generated data; on a data set read from files they
+    would be recorded in every row while changing nothing."""
+    for key, fix in (("noise", "data=synthetic generates noisy data"),
+                     ("seed", "train.seed varies the shuffling and the initial weights")):
+        value = getattr(cfg, key)
+        if value:
+            raise ConfigError(
+                f"data.{key}={value} changes nothing for data={cfg.name}, which is read from files: "
+                f"data.{key} shapes generated data only; leave it out ({fix})"
+            )
 
 
 def _check_idx(cfg: DataConfig, folder: Path) -> int:
@@ -187,11 +201,16 @@ def _download(cfg: DataConfig, folder: Path) -> None:
     import torchvision.datasets as tvd
 
     dataset_class = getattr(tvd, _IDX_DATASETS[cfg.name])
-    log.info("downloading %s into %s", cfg.name, folder.parent.parent)
+    root = folder.parent.parent
+    created = [d for d in (root, folder.parent, folder) if not d.exists()]
+    log.info("downloading %s into %s", cfg.name, root)
     try:
         for train in (True, False):
-            dataset_class(str(folder.parent.parent), train=train, download=True)
+            dataset_class(str(root), train=train, download=True)
     except Exception as err:
+        for directory in reversed(created):  # leave no empty folders behind; files stay
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
         raise ConfigError(_missing_message(cfg, folder, f"the download failed ({err})")) from err
 
 
