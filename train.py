@@ -6,13 +6,29 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
+
+def _stop_quietly(signum, frame):
+    """Ctrl-C while no run is in progress (the 2 s of imports, Hydra composing the config,
+    between a sweep's runs) ends the process with one line, not a KeyboardInterrupt
+    traceback. Not through an exception: torch's C import swallows one and carries on."""
+    if __name__ == "__main__":  # a spawned worker re-importing this file leaves silently
+        print("interrupted; no run was in progress", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+signal.signal(signal.SIGINT, _stop_quietly)  # while a run is in progress, run_job stops it
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))  # run from a checkout, too
 
@@ -23,6 +39,9 @@ from ddpscale.distributed import (  # noqa: E402
 from ddpscale.launch import run_job  # noqa: E402
 from ddpscale.sweep import register_resolvers  # noqa: E402
 from ddpscale.worker import train  # noqa: E402  (the workers' body)
+
+if __name__ != "__main__":  # a spawned worker: its run's own handling from here on
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 register_resolvers(sys.argv[1:])  # --cfg only prints: it creates no output directory
 _problem = launch_environment_problem()  # before Hydra reads the environment for the output directory

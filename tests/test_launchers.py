@@ -412,7 +412,7 @@ def test_a_signal_before_the_workers_start_marks_the_run_interrupted(tmp_path, s
         silent.listen()
         proxy = f"http://127.0.0.1:{silent.getsockname()[1]}"
         proc = subprocess.Popen(
-            [sys.executable, "train.py", *QUICK, "data=fashion_mnist", f"data.root={tmp_path}/data",
+            [sys.executable, "train.py", *QUICK, "data=fashion_mnist", "data.noise=0", f"data.root={tmp_path}/data",
              "data.train_size=null", "data.val_size=null", f"hydra.run.dir={tmp_path}/run"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
             env={**os.environ, "http_proxy": proxy, "https_proxy": proxy, "no_proxy": ""},
@@ -428,6 +428,32 @@ def test_a_signal_before_the_workers_start_marks_the_run_interrupted(tmp_path, s
     assert "Traceback" not in log
     run = read_run(tmp_path / "run")
     assert run["status"] == "interrupted" and signal.Signals(sig).name in run["error"]
+
+
+@pytest.mark.parametrize("when", ["job importing", "workers starting", "workers importing"])
+def test_ctrl_c_while_starting_ends_without_a_traceback(tmp_path, when):
+    # The first seconds of the job, and of each spawned worker, are interpreter start-up
+    # and imports (torch, hydra); torch's C import once swallowed a Ctrl-C there.
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *QUICK, "distributed.num_gpus=2", f"hydra.run.dir={tmp_path}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    if when == "job importing":
+        time.sleep(0.5)
+    else:
+        deadline, job_log = time.monotonic() + 60, tmp_path / "train.log"
+        while not (job_log.exists() and "starting 2 worker" in job_log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.005)
+        time.sleep(0.5 if when == "workers importing" else 0)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
+    log = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+    if when == "job importing":
+        assert log.strip() == "interrupted; no run was in progress"
+    else:
+        assert read_run(tmp_path)["status"] == "interrupted"
 
 
 def test_two_sweeps_started_together_both_complete_in_their_own_dirs(tmp_path):

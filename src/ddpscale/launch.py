@@ -8,6 +8,7 @@ process holds global rank 0 keeps `run.json` up to date.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -15,8 +16,9 @@ import signal
 import tempfile
 import traceback
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -271,9 +273,11 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
     fd, name = tempfile.mkstemp(prefix="ddpscale-summary-", suffix=".pt")
     os.close(fd)  # only its name goes to rank 0; an open descriptor per job ran a long sweep out of them
     summary_file = Path(name)
-    context = mp.start_processes(_spawn_entry, args=(plan, worker, str(summary_file), os.getpid()),
-                                 nprocs=d.num_gpus, join=False, start_method="spawn")
+    context = None
     try:
+        with _STOP_SIGNALS.held(), _sigint_blocked():
+            context = mp.start_processes(_spawn_entry, args=(plan, worker, str(summary_file), os.getpid()),
+                                         nprocs=d.num_gpus, join=False, start_method="spawn")
         # Short waits keep this process responsive to signals; when one worker dies,
         # join() gives the others a second to end on their own (one blocked in gloo
         # does; one waiting in the shared-memory all-reduce cannot tell), terminates
@@ -283,7 +287,8 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
         return torch.load(summary_file) if summary_file.stat().st_size else {}
     finally:
         _STOP_SIGNALS.wind_up()  # a signal now must not cut short the ending of the workers
-        end_processes(context)
+        if context is not None:
+            end_processes(context)
         summary_file.unlink(missing_ok=True)
         del store
 
@@ -291,12 +296,28 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
 def _spawn_entry(local_rank: int, plan: Plan, worker: WorkerFn, summary_file: str,
                  parent_pid: int) -> None:
     """First function of every spawned worker."""
+    # A Ctrl-C during the worker's start-up waited, blocked; here it raises KeyboardInterrupt,
+    # which torch's spawn wrapper takes quietly (the job process stops the run).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     ddist.die_with_parent(parent_pid)
     placement = ddist.spawn_placement(local_rank, plan.cfg.distributed)
     summary = _run_worker(placement, plan, worker, hosts_store=False)
     if placement.is_main:
         torch.save(summary, summary_file)
     ddist.exit_finished_worker()
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Block SIGINT in this thread, so that the processes it starts meanwhile inherit the mask:
+    a Ctrl-C while a spawned interpreter starts up would kill it with "Fatal Python error:
+    init_import_site" and a traceback. A worker unblocks it in `_spawn_entry`."""
+    resource_tracker.ensure_running()  # its first start unblocks SIGINT: not inside the block
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def end_processes(context: mp.ProcessContext) -> None:
@@ -321,14 +342,32 @@ class _StopSignals:
     remembered: a second Ctrl-C must not leave workers running or run.json saying
     "running", and `run_job` exits with the signal's code once the record is written."""
 
+    holding = False
+
     def __enter__(self) -> None:
         self.received: int | None = None
         self.winding_up = False
+        self.holding = False
         self.saved = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def __exit__(self, *exc) -> None:
         for s, previous in self.saved.items():
             signal.signal(s, previous)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A signal that arrives meanwhile stops the job on leaving. Raised inside
+        mp.start_processes, between starting a worker and handing it its work, it left that
+        worker dying of EOFError with a traceback (blocking SIGINT cannot prevent it: another
+        thread, such as the store's, takes the signal for Python)."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.received is not None and not self.winding_up:
+            self.winding_up = True
+            raise Interrupted(self.received)
 
     def wind_up(self) -> None:
         """From now on a signal no longer interrupts what this process is doing."""
@@ -337,6 +376,8 @@ class _StopSignals:
     def _handler(self, signum: int, _frame: Any) -> None:
         first = self.received is None
         self.received = signum if first else self.received
+        if self.holding and first:
+            return  # raised on leaving held()
         if self.winding_up or not first:
             log.warning("%s: already stopping; ending the workers and recording the run first",
                         signal.Signals(signum).name)
