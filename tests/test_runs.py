@@ -164,6 +164,21 @@ def test_an_explicit_output_dir_that_holds_a_run_is_refused_and_left_as_it_was(t
     assert _snapshot(tmp_path / "out") == before  # run.json, results.csv, .hydra/, train.log
 
 
+@pytest.mark.parametrize("mode", ["run", "sweep"])
+@pytest.mark.parametrize("where", ["explicit", "default"])
+def test_an_output_dir_that_cannot_be_created_is_named_in_one_line(tmp_path, mode, where):
+    """A file where the directory should go: Hydra's own mkdir raised FileExistsError."""
+    sweep = ["-m"] if mode == "sweep" else []
+    default = "outputs" if mode == "run" else "multirun"
+    (tmp_path / default).write_text("not a directory")
+    given = [f"hydra.{mode}.dir={tmp_path / default}"] if where == "explicit" else []
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *QUICK, *given, *sweep],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, output(proc)
+    assert output(proc).startswith(f"error: hydra.{mode}.dir cannot be created: [Errno"), output(proc)
+    assert "Traceback" not in output(proc) and "starting" not in output(proc)
+
+
 def test_a_run_that_failed_before_any_epoch_leaves_its_directory_free(tmp_path):
     """Fixing a typo and running again into the same hydra.run.dir just works."""
     typo = run_train(*QUICK, "optim.lr=0", f"hydra.run.dir={tmp_path}")

@@ -20,6 +20,7 @@ from typing import Any
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from ddpscale.results import RESULTS_FILE, RUN_FILE, earlier_run, taken_message
 
@@ -103,11 +104,13 @@ class FreshOutputDir(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_a_grid_without_multirun(config)
+        refuse_an_uncreatable_dir(config, "run")
         refuse_a_used_dir(config, "run")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_a_sweep_in_every_worker(config)
         refuse_a_shared_subdir(config)
+        refuse_an_uncreatable_dir(config, "sweep")
         refuse_a_used_dir(config, "sweep")
 
 
@@ -174,6 +177,20 @@ def _values(override: Any) -> int:
         return len(list(override.sweep_string_iterator()))
     except Exception:  # noqa: BLE001 - hydra raises its own exception type for glob()
         return 2
+
+
+def refuse_an_uncreatable_dir(config: DictConfig, mode: str) -> None:
+    """Exit 2 if hydra.<mode>.dir cannot be made a directory (a file in the way, no
+    permission): Hydra's own mkdir ends in a traceback."""
+    try:
+        directory = Path(str(OmegaConf.select(config, f"hydra.{mode}.dir")))
+        directory.mkdir(parents=True, exist_ok=True)
+    except (OSError, InterpolationResolutionError) as err:
+        while not isinstance(err, OSError) and (err.__cause__ or err.__context__):
+            err = err.__cause__ or err.__context__  # the mkdir's own error, under omegaconf's
+        print(f"error: hydra.{mode}.dir cannot be created: {err}; give hydra.{mode}.dir a directory "
+              "you can write to, or run from one (nothing was started)", file=sys.stderr)
+        sys.exit(2)
 
 
 def refuse_a_used_dir(config: DictConfig, mode: str) -> None:
