@@ -138,6 +138,7 @@ def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
     ]
     panels = list(table.groupby(facets, sort=True, dropna=False)) if facets else [((), table)]
     total, panels = len(panels), panels[:MAX_PANELS]
+    named = _telling_apart(pd.concat([panel.head(1) for _, panel in panels]), facets)
     # Each panel shows only the learning rates and batches it ran, so a weak-scaling
     # sweep (global batch grows with world size) is not mostly empty cells.
     grids = [
@@ -174,8 +175,9 @@ def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
         ax.set_xticks(range(grid.shape[1]), [format_value(b) for b in grid.columns])
         ax.set_yticks(range(grid.shape[0]), [format_value(v) for v in grid.index])
         ax.set(xlabel="global batch size", ylabel="learning rate")
-        key = key if isinstance(key, tuple) else (key,)
-        title = ", ".join(f"{k}={format_value(v)}" for k, v in zip(facets, key)) or "all runs"
+        key = dict(zip(facets, key if isinstance(key, tuple) else (key,)))
+        title = ", ".join(f"{k}={format_value(key[k])}" for k in named) or "all runs"
+        title += ", …" if len(named) < len(facets) else ""
         ax.set_title(textwrap.fill(title, title_chars, break_long_words=False), fontsize=10)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
@@ -245,8 +247,28 @@ def _labels(frame: pd.DataFrame, keys: list[str], always=()) -> pd.Series:
         varying = [k for k in varying if k != "num_gpus"]
     if not varying or frame.empty:
         return pd.Series("", index=frame.index, dtype=str)
-    parts = [_SHORT.get(k, k) + "=" + frame[k].map(format_value) for k in varying]
-    return pd.concat(parts, axis=1).agg(", ".join, axis=1)
+    named = _telling_apart(frame, varying, always)
+    parts = [_SHORT.get(k, k) + "=" + frame[k].map(format_value) for k in named]
+    more = ", …" if len(named) < len(varying) else ""
+    return pd.concat(parts, axis=1).agg(", ".join, axis=1) + more
+
+
+def _telling_apart(frame: pd.DataFrame, varying: list[str], always=()) -> list[str]:
+    """The keys a label names: `always`, then, in order, each varying key that tells more of
+    the rows apart, until they are told apart as well as all the keys would. With some 20
+    keys varying (a whole outputs/ tree) naming every key made labels the width of the
+    figure; the tables name every key."""
+    def kinds(columns: list[str]) -> int:
+        return len(frame[columns].astype(str).drop_duplicates()) if columns else 1
+
+    everything = kinds(varying)
+    named = [k for k in varying if k in always]
+    for key in varying:
+        if kinds(named) == everything:
+            break
+        if key not in named and kinds([*named, key]) > kinds(named):
+            named.append(key)
+    return [k for k in varying if k in named]
 
 
 def _top_groups(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, int]:

@@ -9,8 +9,10 @@ import pytest
 from analysis_files import COLUMNS, new_sweep, run_rows, write_results, write_run_json
 
 from multirun_analysis.findings import key_findings, overlapping_runs
+from multirun_analysis.plots import _labels
 from multirun_analysis.render import format_cell, markdown_table
 from multirun_analysis.report import write_report
+from multirun_analysis.schema import config_keys
 from multirun_analysis.sweep import analyse
 
 OUTPUTS = {
@@ -248,3 +250,26 @@ def test_an_accuracy_change_that_rounds_to_zero_prints_without_a_minus(tmp_path)
     assert "-0.000" not in report and "-0.000" not in (tmp_path / "out" / "scaling.md").read_text()
     assert format_cell("val_acc_change", -0.0004) == "+0.000"
     assert format_cell("val_acc_change", -0.02) == "-0.020"
+
+
+def test_plots_of_runs_that_differ_in_many_keys_stay_readable(tmp_path, recwarn):
+    """Analysing a whole outputs/ tree: some 20 keys vary. Naming them all made each legend
+    label and panel title wider than its figure (matplotlib warned that constrained layout
+    collapsed); a label names only the keys that tell its runs apart, then "…"."""
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for run in range(5):
+        for world_size in (1, 2):
+            knobs = {f"knob_number_{k}": (run * 7 + k) % 5 for k in range(20)}
+            write_run(f"r{run}_ws{world_size}", world_size=world_size, lr=0.1 if run % 2 else 0.01,
+                      config={"train": knobs}, val_acc=[0.5, 0.6, 0.7 + 0.01 * run])
+    result = analyse([sweep_dir])
+    write_report(result, tmp_path / "out")
+    assert not [w for w in recwarn if "constrained_layout" in str(w.message)]
+
+    configs = result.configs
+    keys = [k for k in config_keys(configs.columns) if k not in ("world_size", "num_gpus", "global_batch_size")]
+    labels = _labels(configs, keys, always=("batch_size",))
+    lines = configs.groupby(keys, dropna=False).ngroup()
+    assert labels.groupby(lines).nunique().eq(1).all() and labels.nunique() == lines.nunique() == 5
+    assert labels.str.len().max() < 60 and labels.str.endswith(", …").all()
+    assert labels[configs.lr == 0.01].str.startswith("lr=0.01, batch=64, train.knob_number_0=").all()
