@@ -50,6 +50,27 @@ def test_two_nodes_over_loopback_form_one_world_of_four(tmp_path):
     assert not (tmp_path / "node1" / "run.json").exists()
 
 
+def test_nodes_given_different_num_gpus_both_stop_at_once_naming_the_key(tmp_path):
+    # The workers' rendezvous used to wait out distributed.timeout_s (60 s here) and blame master_addr.
+    common = [*QUICK, "distributed.num_nodes=2", "distributed.master_addr=127.0.0.1",
+              f"distributed.master_port={free_port()}"]
+    start = time.monotonic()
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "train.py", *common, f"distributed.node_id={k}", f"distributed.num_gpus={2 - k}",
+             f"hydra.run.dir={tmp_path}/node{k}"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for k in (1, 0)
+    ]
+    logs = [n.communicate(timeout=120)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [2, 2], logs
+    assert time.monotonic() - start < 30
+    said = "the nodes were given different distributed.num_gpus (node 0: 2, node 1: 1)"
+    assert all(said in log for log in logs) and not any("starting" in log for log in logs), logs
+    assert said in read_run(tmp_path / "node0")["error"]
+
+
 def test_missing_node_fails_after_timeout_naming_the_rendezvous(tmp_path):
     port = free_port()
     start = time.monotonic()

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -440,6 +441,46 @@ def host_store(addr: str, port: int | None, world_size: int, timeout_s: float) -
             "check that distributed.master_addr names this machine (node 0), and choose another "
             "distributed.master_port (or unset it on one node)"
         ) from err
+
+
+def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: DistributedConfig) -> None:
+    """Before a node starts its workers, meet the other nodes' job processes at node 0's store
+    and compare their distributed.num_gpus. A node given another value counts another world
+    size and other rank numbers: the workers' rendezvous then waited out distributed.timeout_s
+    (5 minutes) and blamed master_addr. Polls, so a Ctrl-C is taken at once. `store` is node
+    0's own (None elsewhere: connect to it)."""
+    deadline = time.monotonic() + d.timeout_s
+    where = f"distributed.master_addr:master_port = {addr}:{port}"
+    while store is None:
+        try:
+            store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=1),
+                                  wait_for_workers=False)
+        except Exception as err:  # noqa: BLE001 - node 0 not listening yet: try again
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"node {d.node_id}: no rendezvous at {where} within distributed.timeout_s="
+                    f"{d.timeout_s:g} ({str(err).splitlines()[0]}); check that node 0 was started with "
+                    "the same master_addr/master_port and is reachable from this node") from err
+    keys = [f"ddpscale/num_gpus/node{n}" for n in range(d.num_nodes)]
+    store.set(keys[d.node_id], str(d.num_gpus))
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [n for n, key in enumerate(keys) if not store.check([key])]
+            raise RuntimeError(
+                f"node(s) {missing} did not reach the rendezvous at {where} within "
+                f"distributed.timeout_s={d.timeout_s:g}; check that all {d.num_nodes} node(s) were started "
+                "with the same master_addr/master_port and that node 0 is reachable from the others")
+        time.sleep(0.1)
+    given = {n: int(store.get(key)) for n, key in enumerate(keys)}
+    read = store.add("ddpscale/num_gpus/read", 1)
+    if len(set(given.values())) > 1:
+        while d.node_id == 0 and read < d.num_nodes and time.monotonic() < deadline:
+            time.sleep(0.05)  # node 0's store goes with this process: let the others read first
+            read = store.add("ddpscale/num_gpus/read", 0)
+        raise ConfigError(
+            "the nodes were given different distributed.num_gpus ("
+            + ", ".join(f"node {n}: {g}" for n, g in given.items())
+            + "); give every node the same value: each starts that many workers")
 
 
 class PeerFailure(RuntimeError):

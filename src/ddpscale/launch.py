@@ -267,6 +267,8 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
     # take the port between choosing it and the workers using it.
     store = ddist.host_store(addr, d.master_port, _world(cfg), d.timeout_s) if d.node_id == 0 else None
     port = store.port if store is not None else d.master_port
+    if d.num_nodes > 1:
+        ddist.check_nodes_agree(store, addr, port, d)
     plan = Plan(cfg, str(out_dir), device, backend, ddist.SPAWN, ddist.Rendezvous(addr, port, d.timeout_s))
     log.info("starting %d worker(s) on node %d/%d (%s, %s), rendezvous %s:%d",
              d.num_gpus, d.node_id, d.num_nodes, device, backend, addr, port)
