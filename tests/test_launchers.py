@@ -356,6 +356,19 @@ def test_workers_end_with_their_job_process_when_it_is_killed_outright(tmp_path)
     assert not _alive(set(workers)), "orphaned workers"
 
 
+def test_dataloader_workers_end_with_the_run(tmp_path):
+    # They used to outlive a stopped run by up to 10 s, until their own check of the parent.
+    proc = _start_long_run(tmp_path, "data.loader=dataloader", "data.num_workers=2")
+    family = _wait_for_epochs(proc, tmp_path, 1)
+    assert len(_worker_pids(family)) == 2 + 2 * 2  # each trainer's DataLoader starts 2 processes
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)  # not communicate(): lingering children hold its output pipe open
+    deadline = time.monotonic() + 3
+    while _alive(family) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(family)
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_sigterm_and_ctrl_c_stop_the_workers_and_mark_the_run_interrupted(tmp_path, sig, code):
     proc = _start_long_run(tmp_path)

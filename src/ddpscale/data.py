@@ -15,6 +15,7 @@ the per-rank counts counts every validation image exactly once.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import logging
 import math
@@ -28,6 +29,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ddpscale.config import ConfigError, DataConfig, registered
+from ddpscale.distributed import die_with_parent
 
 log = logging.getLogger("ddpscale")
 
@@ -326,6 +328,12 @@ class MemoryBatches:
             yield self.x.index_select(0, batch), self.y.index_select(0, batch)
 
 
+def _end_with_trainer(trainer_pid: int, _worker_id: int) -> None:
+    """A DataLoader worker dies with the training process that started it. Otherwise, when
+    a run is stopped, it lingers up to 10 s until its own check notices the parent is gone."""
+    die_with_parent(trainer_pid)
+
+
 class LoaderBatches:
     """The textbook path: DataLoader + DistributedSampler + per-sample transforms."""
 
@@ -342,6 +350,7 @@ class LoaderBatches:
             # Its own generator: starting an epoch would otherwise draw from the global
             # RNG and shift every dropout mask, so the two read paths would diverge.
             generator=torch.Generator().manual_seed(sampler.seed),
+            worker_init_fn=functools.partial(_end_with_trainer, os.getpid()),
         )
 
     def set_epoch(self, epoch: int) -> None:
