@@ -79,8 +79,9 @@ def test_missing_node_fails_after_timeout_naming_the_rendezvous(tmp_path):
                      "distributed.timeout_s=5", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0
     assert time.monotonic() - start < 60
+    assert f"node 0: waiting for the other node(s) at 127.0.0.1:{port}" in output(proc)
     run = read_run(tmp_path)
-    assert run["status"] == "failed"
+    assert run["status"] == "failed" and "node(s) [1] did not reach the rendezvous" in run["error"]
     assert f"127.0.0.1:{port}" in run["error"] and "master_addr" in run["error"]
 
 

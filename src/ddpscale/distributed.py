@@ -463,6 +463,9 @@ def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: Dist
                     "the same master_addr/master_port and is reachable from this node") from err
     keys = [f"ddpscale/num_gpus/node{n}" for n in range(d.num_nodes)]
     store.set(keys[d.node_id], str(d.num_gpus))
+    if not store.check(keys):
+        log.info("node %d: waiting for the other node(s) at %s:%d (distributed.timeout_s=%g)",
+                 d.node_id, addr, port, d.timeout_s)
     while not store.check(keys):
         if time.monotonic() > deadline:
             missing = [n for n, key in enumerate(keys) if not store.check([key])]
