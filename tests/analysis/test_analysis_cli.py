@@ -1,8 +1,10 @@
 """`python -m multirun_analysis` as a user runs it: in a subprocess, exit status and messages."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,19 @@ def test_directories_that_all_lack_runs_are_an_error(tmp_path):
         f"{tmp_path / 'empty1'}, {tmp_path / 'empty2'} "
     )
     assert result.stderr.count("\n") == 1
+
+
+def test_ctrl_c_ends_with_a_line_not_a_traceback(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for world_size in (1, 2):
+        write_run(f"ws{world_size}", world_size=world_size)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "multirun_analysis", str(sweep_dir)], cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )
+    time.sleep(0.5)  # loading pandas and matplotlib takes longer
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    assert stderr == "multirun_analysis: interrupted\n"
