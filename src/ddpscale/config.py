@@ -99,9 +99,11 @@ class DataConfig:
     std: float = 0.5
     """Normalisation standard deviation."""
     noise: float = 0.0
-    """Synthetic only: standard deviation of the noise added to each class prototype."""
+    """Generated data only (synthetic, or a data set of your own): standard deviation of the
+    noise added to each class prototype; refused for data sets read from files."""
     seed: int = 0
-    """Synthetic only: seed of the generated data set (the same on every rank)."""
+    """Generated data only: seed of the generated data set (the same on every rank); refused
+    for data sets read from files (train.seed varies shuffling and initial weights)."""
 
 
 # --------------------------------------------------------------------------- optim
