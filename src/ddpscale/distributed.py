@@ -448,42 +448,69 @@ def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: Dist
     and compare their distributed.num_gpus. A node given another value counts another world
     size and other rank numbers: the workers' rendezvous then waited out distributed.timeout_s
     (5 minutes) and blamed master_addr. Polls, so a Ctrl-C is taken at once. `store` is node
-    0's own (None elsewhere: connect to it)."""
+    0's own, new for this job (None elsewhere: join it)."""
     deadline = time.monotonic() + d.timeout_s
     where = f"distributed.master_addr:master_port = {addr}:{port}"
-    while store is None:
-        try:
-            store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=1),
-                                  wait_for_workers=False)
-        except Exception as err:  # noqa: BLE001 - node 0 not listening yet: try again
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"node {d.node_id}: no rendezvous at {where} within distributed.timeout_s="
-                    f"{d.timeout_s:g} ({str(err).splitlines()[0]}); check that node 0 was started with "
-                    "the same master_addr/master_port and is reachable from this node") from err
     keys = [f"ddpscale/num_gpus/node{n}" for n in range(d.num_nodes)]
-    store.set(keys[d.node_id], str(d.num_gpus))
-    if not store.check(keys):
-        log.info("node %d: waiting for the other node(s) at %s:%d (distributed.timeout_s=%g)",
-                 d.node_id, addr, port, d.timeout_s)
-    while not store.check(keys):
-        if time.monotonic() > deadline:
-            missing = [n for n, key in enumerate(keys) if not store.check([key])]
-            raise RuntimeError(
-                f"node(s) {missing} did not reach the rendezvous at {where} within "
-                f"distributed.timeout_s={d.timeout_s:g}; check that all {d.num_nodes} node(s) were started "
-                "with the same master_addr/master_port and that node 0 is reachable from the others")
+    if store is None:
+        store = _join_this_jobs_store(addr, port, d, deadline, where)
+    try:
+        store.set(keys[d.node_id], str(d.num_gpus))
+        if not store.check(keys):
+            log.info("node %d: waiting for the other node(s) at %s:%d (distributed.timeout_s=%g)",
+                     d.node_id, addr, port, d.timeout_s)
+        while not store.check(keys):
+            if time.monotonic() > deadline:
+                missing = [n for n, key in enumerate(keys) if not store.check([key])]
+                raise RuntimeError(
+                    f"node(s) {missing} did not reach the rendezvous at {where} within "
+                    f"distributed.timeout_s={d.timeout_s:g}; check that all {d.num_nodes} node(s) were "
+                    "started with the same master_addr/master_port and that node 0 is reachable from the others")
+            time.sleep(0.1)
+        given = {n: int(store.get(key)) for n, key in enumerate(keys)}
+        read = store.add(_READ, 1)
+        if len(set(given.values())) > 1:
+            while d.node_id == 0 and read < d.num_nodes and time.monotonic() < deadline:
+                time.sleep(0.05)  # node 0's store goes with this process: let the others read first
+                read = store.add(_READ, 0)
+            raise ConfigError(
+                "the nodes were given different distributed.num_gpus ("
+                + ", ".join(f"node {n}: {g}" for n, g in given.items())
+                + "); give every node the same value: each starts that many workers")
+    except dist.DistNetworkError as err:  # only a joining node's store can go away
+        raise RuntimeError(
+            f"node 0 left the rendezvous at {where} before every node had arrived "
+            "(it was stopped or failed: see its output)") from err
+
+
+_READ = "ddpscale/num_gpus/read"  # how many nodes have read the others' num_gpus
+
+
+def _join_this_jobs_store(addr: str, port: int, d: DistributedConfig, deadline: float,
+                          where: str) -> dist.TCPStore:
+    """Connect to node 0's store for this job. In a sweep with a fixed master_port, node 0
+    may still be closing the previous job's store: every node has read that one, so wait for
+    the new one. A plain socket probes first: each failed TCPStore connection printed some
+    20 lines of C++ stack."""
+    said = False
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((addr, port), timeout=1).close()
+            store = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=5),
+                                  wait_for_workers=False)
+            if store.add(_READ, 0) < d.num_nodes:
+                return store
+        except (OSError, RuntimeError):  # node 0 not listening yet, or its store closing
+            pass
+        if not said:
+            log.info("node %d: waiting for node 0 at %s:%d (distributed.timeout_s=%g)",
+                     d.node_id, addr, port, d.timeout_s)
+            said = True
         time.sleep(0.1)
-    given = {n: int(store.get(key)) for n, key in enumerate(keys)}
-    read = store.add("ddpscale/num_gpus/read", 1)
-    if len(set(given.values())) > 1:
-        while d.node_id == 0 and read < d.num_nodes and time.monotonic() < deadline:
-            time.sleep(0.05)  # node 0's store goes with this process: let the others read first
-            read = store.add("ddpscale/num_gpus/read", 0)
-        raise ConfigError(
-            "the nodes were given different distributed.num_gpus ("
-            + ", ".join(f"node {n}: {g}" for n, g in given.items())
-            + "); give every node the same value: each starts that many workers")
+    raise RuntimeError(
+        f"node {d.node_id}: no rendezvous at {where} within distributed.timeout_s={d.timeout_s:g}; "
+        "check that node 0 was started with the same master_addr/master_port and is reachable "
+        "from this node")
 
 
 class PeerFailure(RuntimeError):
