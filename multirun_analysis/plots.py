@@ -23,6 +23,7 @@ from .tables import SCALING_KINDS
 
 MAX_LINES = 12  # more lines than this make a plot unreadable; the title says what is shown
 MAX_PANELS = 9  # a 3 x 3 grid of heatmaps
+_LABEL_CHARS = 60  # a legend label longer than this names only the keys that tell lines apart
 _COLORS = [f"C{i}" for i in range(10)]
 _CMAP = colormaps["viridis"].with_extremes(bad="#f0f0f0")
 _SHORT = {
@@ -176,8 +177,10 @@ def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
         ax.set_yticks(range(grid.shape[0]), [format_value(v) for v in grid.index])
         ax.set(xlabel="global batch size", ylabel="learning rate")
         key = dict(zip(facets, key if isinstance(key, tuple) else (key,)))
-        title = ", ".join(f"{k}={format_value(key[k])}" for k in named) or "all runs"
-        title += ", …" if len(named) < len(facets) else ""
+        title = ", ".join(f"{k}={format_value(key[k])}" for k in facets) or "all runs"
+        if len(title) > 2 * title_chars:  # more than two lines: name what tells the panels apart
+            title = ", ".join(f"{k}={format_value(key[k])}" for k in named)
+            title += ", …" if len(named) < len(facets) else ""
         ax.set_title(textwrap.fill(title, title_chars, break_long_words=False), fontsize=10)
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
@@ -247,17 +250,22 @@ def _labels(frame: pd.DataFrame, keys: list[str], always=()) -> pd.Series:
         varying = [k for k in varying if k != "num_gpus"]
     if not varying or frame.empty:
         return pd.Series("", index=frame.index, dtype=str)
+    def joined(keys: list[str]) -> pd.Series:
+        parts = [_SHORT.get(k, k) + "=" + frame[k].map(format_value) for k in keys]
+        return pd.concat(parts, axis=1).agg(", ".join, axis=1)
+
+    labels = joined(varying)
+    if labels.str.len().max() <= _LABEL_CHARS:
+        return labels
     named = _telling_apart(frame, varying, always)
-    parts = [_SHORT.get(k, k) + "=" + frame[k].map(format_value) for k in named]
-    more = ", …" if len(named) < len(varying) else ""
-    return pd.concat(parts, axis=1).agg(", ".join, axis=1) + more
+    return joined(named) + (", …" if len(named) < len(varying) else "")
 
 
 def _telling_apart(frame: pd.DataFrame, varying: list[str], always=()) -> list[str]:
-    """The keys a label names: `always`, then, in order, each varying key that tells more of
-    the rows apart, until they are told apart as well as all the keys would. With some 20
-    keys varying (a whole outputs/ tree) naming every key made labels the width of the
-    figure; the tables name every key."""
+    """The keys a label too long to read names: `always`, then, in order, each varying key
+    that tells more of the rows apart, until they are told apart as well as all the keys
+    would. With some 20 keys varying (a whole outputs/ tree) naming every key made labels
+    the width of the figure; the tables name every key."""
     def kinds(columns: list[str]) -> int:
         return len(frame[columns].astype(str).drop_duplicates()) if columns else 1
 

@@ -273,3 +273,12 @@ def test_plots_of_runs_that_differ_in_many_keys_stay_readable(tmp_path, recwarn)
     assert labels.groupby(lines).nunique().eq(1).all() and labels.nunique() == lines.nunique() == 5
     assert labels.str.len().max() < 60 and labels.str.endswith(", …").all()
     assert labels[configs.lr == 0.01].str.startswith("lr=0.01, batch=64, train.knob_number_0=").all()
+
+
+def test_short_labels_keep_every_varying_key_even_when_some_go_together():
+    """lr and world size vary together in the demo's curves; world size is what the study is about."""
+    frame = pd.DataFrame({"lr": [0.02, 0.05, 0.02, 0.05], "global_batch_size": [64, 64, 128, 128],
+                          "world_size": [1, 1, 2, 2]})
+    assert list(_labels(frame, ["lr", "global_batch_size", "world_size"])) == [
+        "lr=0.02, global batch=64, ws=1", "lr=0.05, global batch=64, ws=1",
+        "lr=0.02, global batch=128, ws=2", "lr=0.05, global batch=128, ws=2"]
