@@ -208,7 +208,7 @@ def test_missing_data_says_where_it_looked_and_how_to_fix(tmp_path):
 
 def test_a_failed_download_says_why_and_leaves_no_empty_folders(tmp_path):
     refused = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused
-    proc = run_train(f"data.root={tmp_path}/data", f"hydra.run.dir={tmp_path}/run", timeout=120,
+    proc = run_train(f"data.root={tmp_path}/data/deeper", f"hydra.run.dir={tmp_path}/run", timeout=120,
                      env={"http_proxy": refused, "https_proxy": refused, "no_proxy": ""})
     assert proc.returncode == 2, output(proc)
     assert "the download failed" in output(proc) and "data=synthetic" in output(proc)

@@ -204,13 +204,13 @@ def _download(cfg: DataConfig, folder: Path) -> None:
 
     dataset_class = getattr(tvd, _IDX_DATASETS[cfg.name])
     root = folder.parent.parent
-    created = [d for d in (root, folder.parent, folder) if not d.exists()]
+    created = [d for d in (folder, *folder.parents) if not d.exists()]  # torchvision makes them all
     log.info("downloading %s into %s", cfg.name, root)
     try:
         for train in (True, False):
             dataset_class(str(root), train=train, download=True)
     except Exception as err:
-        for directory in reversed(created):  # leave no empty folders behind; files stay
+        for directory in created:  # deepest first: leave no empty folders behind; files stay
             if directory.is_dir() and not any(directory.iterdir()):
                 directory.rmdir()
         raise ConfigError(_missing_message(cfg, folder, f"the download failed ({err})")) from err
