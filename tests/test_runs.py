@@ -71,6 +71,40 @@ def test_nodes_given_different_num_gpus_both_stop_at_once_naming_the_key(tmp_pat
     assert said in read_run(tmp_path / "node0")["error"]
 
 
+def test_a_joining_node_waits_for_this_jobs_store_not_the_previous_one():
+    # In a sweep with a fixed master_port, node 0 may still be closing the last job's store
+    # (every node has read it) when node 1 starts the next job's check.
+    import torch.distributed as dist
+
+    from ddpscale.config import DistributedConfig
+    from ddpscale.distributed import check_nodes_agree
+
+    port = free_port()
+    node1 = DistributedConfig(num_gpus=1, num_nodes=2, node_id=1, master_addr="127.0.0.1",
+                              master_port=port, timeout_s=2)
+    previous = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    previous.set("ddpscale/num_gpus/node0", "1")
+    previous.set("ddpscale/num_gpus/node1", "1")
+    previous.add("ddpscale/num_gpus/read", 2)
+    with pytest.raises(RuntimeError, match="node 1: no rendezvous at distributed.master_addr:master_port"):
+        check_nodes_agree(None, "127.0.0.1", port, node1)
+    del previous
+    this_job = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    this_job.set("ddpscale/num_gpus/node0", "1")
+    check_nodes_agree(None, "127.0.0.1", port, node1)  # joins, agrees
+    assert this_job.get("ddpscale/num_gpus/node1") == b"1"
+
+
+def test_a_node_started_before_node_0_says_it_waits_in_one_line(tmp_path):
+    proc = run_train(*QUICK, "distributed.num_gpus=1", "distributed.num_nodes=2", "distributed.node_id=1",
+                     "distributed.master_addr=127.0.0.1", f"distributed.master_port={free_port()}",
+                     "distributed.timeout_s=3", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 1
+    assert output(proc).count("node 1: waiting for node 0 at 127.0.0.1:") == 1
+    assert "frame #" not in output(proc), "each failed TCPStore connection printed a C++ stack"
+    assert "node 1: no rendezvous at distributed.master_addr:master_port" in output(proc)
+
+
 def test_missing_node_fails_after_timeout_naming_the_rendezvous(tmp_path):
     port = free_port()
     start = time.monotonic()
