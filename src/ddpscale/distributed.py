@@ -443,6 +443,9 @@ def host_store(addr: str, port: int | None, world_size: int, timeout_s: float) -
         ) from err
 
 
+_READ = "ddpscale/num_gpus/read"  # how many nodes have read the others' num_gpus (check_nodes_agree)
+
+
 def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: DistributedConfig) -> None:
     """Before a node starts its workers, meet the other nodes' job processes at node 0's store
     and compare their distributed.num_gpus. A node given another value counts another world
@@ -462,10 +465,8 @@ def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: Dist
         while not store.check(keys):
             if time.monotonic() > deadline:
                 missing = [n for n, key in enumerate(keys) if not store.check([key])]
-                raise RuntimeError(
-                    f"node(s) {missing} did not reach the rendezvous at {where} within "
-                    f"distributed.timeout_s={d.timeout_s:g}; check that all {d.num_nodes} node(s) were "
-                    "started with the same master_addr/master_port and that node 0 is reachable from the others")
+                raise RuntimeError(f"node(s) {missing} did not reach the rendezvous at {where} within "
+                                   f"distributed.timeout_s={d.timeout_s:g}; {_rendezvous_advice(d.num_nodes)}")
             time.sleep(0.1)
         given = {n: int(store.get(key)) for n, key in enumerate(keys)}
         read = store.add(_READ, 1)
@@ -481,9 +482,6 @@ def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: Dist
         raise RuntimeError(
             f"node 0 left the rendezvous at {where} before every node had arrived "
             "(it was stopped or failed: see its output)") from err
-
-
-_READ = "ddpscale/num_gpus/read"  # how many nodes have read the others' num_gpus
 
 
 def _join_this_jobs_store(addr: str, port: int, d: DistributedConfig, deadline: float,
@@ -507,10 +505,13 @@ def _join_this_jobs_store(addr: str, port: int, d: DistributedConfig, deadline: 
                      d.node_id, addr, port, d.timeout_s)
             said = True
         time.sleep(0.1)
-    raise RuntimeError(
-        f"node {d.node_id}: no rendezvous at {where} within distributed.timeout_s={d.timeout_s:g}; "
-        "check that node 0 was started with the same master_addr/master_port and is reachable "
-        "from this node")
+    raise RuntimeError(f"node {d.node_id}: no rendezvous at {where} within distributed.timeout_s="
+                       f"{d.timeout_s:g}; {_rendezvous_advice(d.num_nodes)}")
+
+
+def _rendezvous_advice(num_nodes: int) -> str:
+    return (f"check that all {num_nodes} node(s) were started with the same master_addr/master_port "
+            "and that node 0 is reachable from the others")
 
 
 class PeerFailure(RuntimeError):
@@ -572,9 +573,8 @@ def process_group(
         raise RuntimeError(
             f"rank {placement.rank}: rendezvous at distributed.master_addr:master_port = {where} "
             f"failed within distributed.timeout_s={timeout.total_seconds():g}: "
-            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}. "
-            f"Check that all {placement.num_nodes} node(s) were started with the same "
-            "master_addr/master_port and that node 0 is reachable from the others."
+            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}; "
+            f"{_rendezvous_advice(placement.num_nodes)}"
         ) from err
     try:
         yield
