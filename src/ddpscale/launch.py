@@ -344,8 +344,6 @@ class _StopSignals:
     remembered: a second Ctrl-C must not leave workers running or run.json saying
     "running", and `run_job` exits with the signal's code once the record is written."""
 
-    holding = False
-
     def __enter__(self) -> None:
         self.received: int | None = None
         self.winding_up = False
