@@ -48,9 +48,9 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
         sync_probe_steps=cfg.train.sync_probe_steps,
     )
     trainer.fit(cfg.train.epochs)
-    mine = [None] * ctx.world_size  # every rank's (checksum, torch threads)
-    dist.all_gather_object(mine, (trainer.replica_checksum(), torch.get_num_threads()))
-    checksums = [checksum for checksum, _ in mine]
+    gathered = [None] * ctx.world_size  # every rank's (checksum, torch threads)
+    dist.all_gather_object(gathered, (trainer.replica_checksum(), torch.get_num_threads()))
+    checksums = [checksum for checksum, _ in gathered]
     return {"replica_checksums": checksums, "replicas_identical": len(set(checksums)) == 1,
-            "threads_per_worker": [threads for _, threads in mine],
+            "threads_per_worker": [threads for _, threads in gathered],
             "devices": device_names(ctx.device), "grad_allreduce": ddp_model.grad_allreduce}
