@@ -8,9 +8,11 @@ import sys
 import time
 
 import pytest
+import torch.distributed as dist
 
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train
-from ddpscale.distributed import free_port
+from ddpscale.config import DistributedConfig
+from ddpscale.distributed import check_nodes_agree, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -74,11 +76,6 @@ def test_nodes_given_different_num_gpus_both_stop_at_once_naming_the_key(tmp_pat
 def test_a_joining_node_waits_for_this_jobs_store_not_the_previous_one():
     # In a sweep with a fixed master_port, node 0 may still be closing the last job's store
     # (every node has read it) when node 1 starts the next job's check.
-    import torch.distributed as dist
-
-    from ddpscale.config import DistributedConfig
-    from ddpscale.distributed import check_nodes_agree
-
     port = free_port()
     node1 = DistributedConfig(num_gpus=1, num_nodes=2, node_id=1, master_addr="127.0.0.1",
                               master_port=port, timeout_s=2)
