@@ -20,6 +20,7 @@ import gzip
 import logging
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -328,6 +329,15 @@ class MemoryBatches:
             yield self.x.index_select(0, batch), self.y.index_select(0, batch)
 
 
+# How the DataLoader starts its processes. A trainer started by torch.multiprocessing.spawn
+# inherits "spawn" as its default, so each DataLoader process would start a fresh
+# interpreter and import torch (seconds, inside epoch 1), where a trainer under torchrun
+# or SLURM forks them in a tenth of a second. Fork on Linux makes every launcher alike,
+# and its queues' semaphores need no resource tracker, which warned of "leaked
+# semaphore objects" whenever a stopped run ended a trainer with its queues open.
+_LOADER_START = "fork" if sys.platform.startswith("linux") else None
+
+
 def _end_with_trainer(trainer_pid: int, _worker_id: int) -> None:
     """A DataLoader worker dies with the training process that started it. Otherwise, when
     a run is stopped, it lingers up to 10 s until its own check notices the parent is gone."""
@@ -351,6 +361,7 @@ class LoaderBatches:
             # RNG and shift every dropout mask, so the two read paths would diverge.
             generator=torch.Generator().manual_seed(sampler.seed),
             worker_init_fn=functools.partial(_end_with_trainer, os.getpid()),
+            multiprocessing_context=_LOADER_START if cfg.num_workers > 0 else None,
         )
 
     def set_epoch(self, epoch: int) -> None:
