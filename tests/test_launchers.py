@@ -379,12 +379,13 @@ def test_dataloader_workers_end_with_the_run_quietly(tmp_path, ctrl_c):
     assert "leaked semaphore" not in log and "Traceback" not in log, log
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_sigterm_and_ctrl_c_stop_the_workers_and_mark_the_run_interrupted(tmp_path, sig, code):
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_sigterm_ctrl_c_and_hangup_stop_the_workers_and_mark_the_run_interrupted(tmp_path, sig, code):
+    # SIGHUP (the terminal closed) used to end the job process at once, run.json "running".
     proc = _start_long_run(tmp_path)
     family = _wait_for_epochs(proc, tmp_path, 2)
-    if sig == signal.SIGINT:
-        os.killpg(proc.pid, sig)  # Ctrl-C reaches the whole foreground process group
+    if sig != signal.SIGTERM:
+        os.killpg(proc.pid, sig)  # Ctrl-C, and a hangup, reach the whole foreground process group
     else:
         os.kill(proc.pid, sig)
     log = proc.communicate(timeout=60)[0]

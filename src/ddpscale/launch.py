@@ -38,8 +38,14 @@ log = logging.getLogger("ddpscale")
 WorkerFn = Callable[[ddist.WorkerContext, Config, Path], dict[str, Any]]
 
 
+# The signals that stop a run and mark it interrupted: Ctrl-C, kill, and SIGHUP (the
+# terminal closed or the SSH connection dropped), which would otherwise end the job
+# process at once and leave run.json saying "running".
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM reached the run. A BaseException, like KeyboardInterrupt, so that
+    """SIGINT, SIGTERM or SIGHUP reached the run. A BaseException, like KeyboardInterrupt, so that
     no `except Exception` on the way (a download's retry, say) mistakes it for a failure."""
 
     def __init__(self, signum: int, rank: int | None = None):
@@ -77,7 +83,7 @@ class Plan:
 def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]) -> Outcome:
     """Run one training job to its end and return its outcome; never hangs.
 
-    SIGINT/SIGTERM at any point, from the first line to the last record, stop the run
+    SIGINT/SIGTERM/SIGHUP at any point, from the first line to the last record, stop the run
     and mark it interrupted; one arriving while the run is being wound up (workers
     ending, run.json being written) waits until that is done, and then ends the process."""
     with _STOP_SIGNALS:
@@ -339,7 +345,7 @@ def end_processes(context: mp.ProcessContext) -> None:
 
 
 class _StopSignals:
-    """While a job runs, the first SIGINT/SIGTERM raises `Interrupted`. Once the job is being
+    """While a job runs, the first SIGINT/SIGTERM/SIGHUP raises `Interrupted`. Once the job is being
     wound up (after that signal, or after the workers ended), further signals are only
     remembered: a second Ctrl-C must not leave workers running or run.json saying
     "running", and `run_job` exits with the signal's code once the record is written."""
@@ -348,7 +354,7 @@ class _StopSignals:
         self.received: int | None = None
         self.winding_up = False
         self.holding = False
-        self.saved = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.saved = {s: signal.signal(s, self._handler) for s in STOP_SIGNALS}
 
     def __exit__(self, *exc) -> None:
         for s, previous in self.saved.items():
