@@ -3,8 +3,9 @@
 Spawned workers import this file as their main module, so the extra model exists in
 them too. It shows how a model plugs into the registry, and lets tests crash one worker
 of a real run. Environment: CRASH_RANK (default 1), CRASH_EPOCH (default 1; after the
-first step of that epoch), CRASH_HOW=raise|sigkill|stubborn (stubborn: ignore SIGINT and
-SIGTERM and hang in forward, writing its pid to CRASH_PID_FILE: a worker slow to stop).
+first step of that epoch), CRASH_HOW=raise|sigkill|exit0|stubborn (exit0: sys.exit(0), a
+worker that leaves early saying nothing is wrong; stubborn: ignore SIGINT and SIGTERM and
+hang in forward, writing its pid to CRASH_PID_FILE: a worker slow to stop).
 """
 
 import os
@@ -34,6 +35,8 @@ class CrashingCNN(CNN):
             how = os.environ.get("CRASH_HOW", "raise")
             if how == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if how == "exit0":
+                sys.exit(0)
             if how == "stubborn":
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -142,6 +142,16 @@ def test_a_crashing_worker_ends_the_run_marked_failed(tmp_path):
     assert not list(temp.glob("pytorch-errorfile-*")), "torch's traceback pickles are deleted"
 
 
+def test_a_worker_leaving_early_with_exit_code_0_fails_the_run(tmp_path):
+    # It was recorded as completed, with no results.csv, and the sweep counted it so.
+    proc = run_train(*QUICK, "model.name=crashing_cnn", "distributed.num_gpus=1", "train.epochs=1",
+                     f"hydra.run.dir={tmp_path}/run", script="tests/crashing_train.py",
+                     env={"CRASH_RANK": "0", "CRASH_HOW": "exit0"})
+    assert proc.returncode == 1, output(proc)
+    run = read_run(tmp_path / "run")
+    assert run["status"] == "failed" and "worker 0 exited with code 0 before its run finished" in run["error"]
+
+
 def test_a_failed_job_does_not_stop_the_sweep(tmp_path):
     proc = run_train(*QUICK, "train.epochs=1", "model.name=crashing_cnn,cnn",
                      "distributed.num_gpus=2", f"hydra.sweep.dir={tmp_path}", "-m",

@@ -292,7 +292,13 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
         # them and raises with the cause.
         while not context.join(timeout=0.5, grace_period=1):
             pass
-        return torch.load(summary_file) if summary_file.stat().st_size else {}
+        if summary_file.stat().st_size:
+            return torch.load(summary_file)
+        if d.node_id == 0:  # its local rank 0 is global rank 0, which saves the summary last
+            raise RuntimeError(
+                "worker 0 exited with code 0 before its run finished: code in it called "
+                "sys.exit(0), or that worker alone was sent SIGINT")
+        return {}
     finally:
         _STOP_SIGNALS.wind_up()  # a signal now must not cut short the ending of the workers
         if context is not None:
