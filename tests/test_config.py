@@ -251,6 +251,35 @@ def test_a_cut_off_data_file_is_named_before_any_worker(tmp_path, fmnist_root, n
     assert "starting" not in output(proc)
 
 
+def _label_200(data: bytes) -> bytes:
+    raw = bytearray(gzip.decompress(data))
+    raw[-1] = 200
+    return gzip.compress(bytes(raw))
+
+
+@pytest.mark.parametrize("change,message", [
+    # swapped names: a worker died of "IndexError: tuple index out of range"
+    ({"train-images-idx3-ubyte.gz": "train-labels-idx1-ubyte.gz",
+      "train-labels-idx1-ubyte.gz": "train-images-idx3-ubyte.gz"}, "holds an array of shape (60000,) and"),
+    # a label beyond the classes: a worker died after a whole epoch, "Target 200 is out of bounds"
+    ({"t10k-labels-idx1-ubyte.gz": _label_200}, "t10k-labels-idx1-ubyte.gz has labels beyond the 10 classes"),
+])
+def test_data_files_of_the_wrong_kind_are_named_before_any_worker(tmp_path, fmnist_root, change, message):
+    raw = tmp_path / "data" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    source = fmnist_root / "FashionMNIST" / "raw"
+    for path in source.glob("*.gz"):
+        how = change.get(path.name, path.name)
+        if callable(how):
+            (raw / path.name).write_bytes(how(path.read_bytes()))
+        else:
+            (raw / how).write_bytes(path.read_bytes())
+    proc = run_train(f"data.root={tmp_path}/data", "data.download=false", f"hydra.run.dir={tmp_path}/run",
+                     timeout=60)
+    assert proc.returncode == 2, output(proc)
+    assert message in output(proc) and "starting" not in output(proc)
+
+
 def test_a_home_relative_data_root_means_the_home_directory(tmp_path):
     proc = run_train("data.root='~/nothing'", "data.download=false", f"hydra.run.dir={tmp_path}/run",
                      env={"HOME": str(tmp_path)}, timeout=60)

@@ -97,6 +97,8 @@ def _check_idx(cfg: DataConfig, folder: Path) -> int:
     """Check the files' image shape and labels against the config; the training examples used."""
     for path in (_find(folder, stem) for split in _SPLIT_FILES.values() for stem in split):
         _check_complete(path)
+    for split in _SPLIT_FILES.values():
+        _check_pair(*(_find(folder, stem) for stem in split))
     images, labels = (_find(folder, stem) for stem in _SPLIT_FILES[True])
     shape = _idx_shape(images)
     if shape[1:] != (cfg.image_size, cfg.image_size) or cfg.channels != 1:
@@ -110,6 +112,12 @@ def _check_idx(cfg: DataConfig, folder: Path) -> int:
         raise ConfigError(
             f"data={cfg.name} has {classes} classes but data.num_classes={cfg.num_classes}; "
             "leave data.num_classes at the data option's value"
+        )
+    val_labels = _find(folder, _SPLIT_FILES[False][1])
+    if int(_read_idx(val_labels).max()) >= cfg.num_classes:
+        raise ConfigError(
+            f"{val_labels} has labels beyond the {cfg.num_classes} classes of the training "
+            "labels; the file is damaged or belongs to another data set: replace it"
         )
     for train, key in ((True, "train_size"), (False, "val_size")):
         available = shape[0] if train else _idx_shape(_find(folder, _SPLIT_FILES[False][0]))[0]
@@ -215,6 +223,18 @@ def _download(cfg: DataConfig, folder: Path) -> None:
             if directory.is_dir() and not any(directory.iterdir()):
                 directory.rmdir()
         raise ConfigError(_missing_message(cfg, folder, f"the download failed ({err})")) from err
+
+
+def _check_pair(images: Path, labels: Path) -> None:
+    """An images file of (N, H, W) beside a labels file of (N,): swapped or misnamed files
+    fail here, naming them, rather than inside a worker."""
+    image_shape, label_shape = _idx_shape(images), _idx_shape(labels)
+    if len(image_shape) != 3 or len(label_shape) != 1 or image_shape[0] != label_shape[0]:
+        raise ConfigError(
+            f"{images} holds an array of shape {image_shape} and {labels} one of shape "
+            f"{label_shape}; an images file holds (N, height, width) and its labels file (N,): "
+            "the files are swapped, misnamed or from another data set: replace them"
+        )
 
 
 def _idx_shape(path: Path) -> tuple[int, ...]:
