@@ -39,6 +39,7 @@ from .schema import (
     REQUIRED,
     RESULTS_CSV,
     RUN_JSON,
+    TIMINGS,
     WORLD,
     config_keys,
     settings_in,
@@ -268,7 +269,8 @@ def _numbers(text: pd.Series) -> pd.Series:
 
 
 def _value_problems(raw: pd.DataFrame, numbers: dict[str, pd.Series]) -> dict[int, str]:
-    """The first non-numeric or missing required value of each run, as a message."""
+    """The first non-numeric, missing or (for a timing) infinite or negative required value
+    of each run, as a message."""
     flagged = []
     for column in (*NUMERIC_SETTINGS, *METRICS):
         unparsed = numbers[column].isna()
@@ -284,6 +286,10 @@ def _value_problems(raw: pd.DataFrame, numbers: dict[str, pd.Series]) -> dict[in
         )
         if column in NON_EMPTY:
             flagged.append(cells[missing].assign(message=f"empty value in column {column}"))
+    for column in TIMINGS:
+        unusable = np.isinf(numbers[column]) | (numbers[column] < 0)
+        flagged.append(raw.loc[unusable, ["run_id"]].assign(
+            message="unusable value '" + raw.loc[unusable, column].str.strip() + f"' in column {column}"))
     cells = pd.concat(flagged, ignore_index=True) if flagged else pd.DataFrame()
     if cells.empty:
         return {}

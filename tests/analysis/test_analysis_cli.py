@@ -115,6 +115,21 @@ def test_report_is_written_to_the_default_out_without_importing_torch(two_sweeps
     assert "efficiency 0.75" in html  # world sizes 1 and 2 from a, 4 from b: one group
 
 
+@pytest.mark.parametrize("value", ["", "inf"])
+def test_a_run_without_a_usable_throughput_is_listed_and_the_report_written(two_sweeps, value):
+    a, b = two_sweeps
+    results = a / "2" / "results.csv"
+    lines = results.read_text().splitlines()
+    column = lines[0].split(",").index("images_per_sec")
+    cells = lines[1].split(",")
+    cells[column] = value
+    results.write_text("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    result = run_cli(str(a), str(b))
+    assert result.returncode == 0, result.stderr
+    assert "3 runs found, 2 analysed, 1 listed under Problems" in result.stdout
+    assert (a / "analysis" / "report.html").is_file()
+
+
 def test_out_and_target_acc_options(two_sweeps, tmp_path):
     a, _ = two_sweeps
     result = run_cli(str(a), "--out", str(tmp_path / "study"), "--target-acc", "0.6")

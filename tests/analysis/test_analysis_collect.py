@@ -119,6 +119,21 @@ def test_non_numeric_value_is_reported_with_column_and_value(tmp_path):
     assert problem == "results.csv: non-numeric value 'fast' in column images_per_sec"
 
 
+@pytest.mark.parametrize("value,problem", [
+    ("", "empty value in column images_per_sec"),
+    ("nan", "empty value in column images_per_sec"),
+    ("inf", "unusable value 'inf' in column images_per_sec"),
+    ("-1800", "unusable value '-1800' in column images_per_sec"),
+])
+def test_a_timing_no_run_could_measure_is_a_problem(tmp_path, value, problem):
+    # It went through as NaN or inf, and the scaling plot crashed the whole analysis.
+    sweep_dir, _ = new_sweep(tmp_path)
+    rows = run_rows()
+    rows[1]["images_per_sec"] = value
+    write_results(sweep_dir / "r", rows)
+    assert collect([sweep_dir]).runs.problem[0] == f"results.csv: {problem}"
+
+
 def test_nan_metric_is_a_result_not_a_bad_file(tmp_path):
     sweep_dir, _ = new_sweep(tmp_path)
     rows = run_rows()
