@@ -337,7 +337,8 @@ def validate(cfg: Config) -> None:
         )
     if d.master_port is not None and not 1 <= d.master_port <= 65535:
         raise ConfigError(f"distributed.master_port={d.master_port} must be in 1..65535")
-    _positive("distributed.timeout_s", d.timeout_s)
+    _at_least("distributed.timeout_s", d.timeout_s, 1, "seconds: workers take seconds to start and "
+              "meet, and a shorter wait failed blaming master_addr/master_port; the default is 300")
     _at_most("distributed.timeout_s", d.timeout_s, 7 * 24 * 3600, "a week; the rendezvous cannot count further")
     _positive("distributed.bucket_cap_mb", d.bucket_cap_mb)
     _at_most("distributed.bucket_cap_mb", d.bucket_cap_mb, 1e6, "a terabyte; DDP counts bucket bytes in 64 bits")
@@ -441,15 +442,22 @@ def _at_least(key: str, value: int, low: int, what: str) -> None:
         raise ConfigError(f"{key}={value} must be >= {low} ({what})")
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _finite(node: Any, prefix: str = "") -> None:
-    """No float key takes inf or nan (the command line accepts both): optim.lr=inf would
-    train to a nan loss, distributed.timeout_s=inf would crash the rendezvous."""
+    """No float key takes inf or nan (the command line accepts both), nor a value beyond
+    float32: optim.lr=inf would train to a nan loss, distributed.timeout_s=inf would crash
+    the rendezvous, optim.lr=1e308 failed inside a worker without naming the key."""
     for f in dataclasses.fields(node):
         value, key = getattr(node, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
             _finite(value, f"{key}.")
         elif isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}={value} must be a finite number")
+        elif isinstance(value, float) and abs(value) > _FLOAT32_MAX:
+            raise ConfigError(f"{key}={value:g} is beyond what a float32 tensor holds "
+                              f"(at most {_FLOAT32_MAX:.3g} in size)")
 
 
 def _positive(key: str, value: float) -> None:
