@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -203,6 +204,21 @@ def test_a_run_whose_end_cannot_be_written_counts_as_failed_and_says_why(tmp_pat
     outcome = _finish(RunRecord(tmp_path / "gone"), Outcome("completed"))  # no such directory
     assert (outcome.status, outcome.exit_code, outcome.recorded) == ("failed", 1, False)
     assert f"its end could not be written to {tmp_path / 'gone' / 'run.json'}" in outcome.error
+
+
+def test_a_full_disk_is_named_and_leaves_no_temporary_file(tmp_path):
+    # /dev/full answers every write with ENOSPC: the error said only "[Errno 28] No space
+    # left on device", and run.json's write left an empty run.tmpNNNN behind.
+    from ddpscale.results import ResultsWriter, RunRecord
+
+    with pytest.raises(OSError, match=r"No space left on device \(writing /dev/full\)"):
+        ResultsWriter(Path("/dev/full")).append({"epoch": 1})
+    record = RunRecord(tmp_path)
+    tmp = record.path.with_suffix(f".tmp{os.getpid()}")
+    tmp.symlink_to("/dev/full")  # where run.json's next write goes first
+    with pytest.raises(OSError, match=f"No space left on device \\(writing {record.path}\\)"):
+        record.start()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def _snapshot(directory) -> dict[str, bytes]:

@@ -6,6 +6,7 @@ results rows go through it, and on every other rank it does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -18,7 +19,7 @@ import threading
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 log = logging.getLogger("ddpscale")
 
@@ -69,13 +70,25 @@ class ResultsWriter:
 
     def append(self, row: dict[str, Any]) -> None:
         new = not self.path.exists() or self.path.stat().st_size == 0
-        with self.path.open("a", newline="") as f:
+        with _naming(self.path), self.path.open("a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
             if new:
                 writer.writeheader()
             writer.writerow({k: _cell(row.get(k)) for k in COLUMNS})
             f.flush()
             os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An OSError while writing `path` names it: a full disk said only "[Errno 28] No space
+    left on device", not which file of which run."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, f"{err.strerror} (writing {path})") from err
 
 
 def _cell(value: Any) -> Any:
@@ -117,8 +130,13 @@ class RunRecord:
     def _write(self, record: dict[str, Any]) -> None:
         # Write-then-rename: a reader never sees half a file, even if we die mid-write.
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
-        os.replace(tmp, self.path)
+        try:
+            with _naming(self.path):
+                tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+                os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # a full disk left an empty run.tmpNNNN behind
+            raise
 
 
 def versions() -> dict[str, str | None]:
