@@ -51,6 +51,9 @@ def test_two_nodes_over_loopback_form_one_world_of_four(tmp_path):
     # Only global rank 0 writes results.
     assert not (tmp_path / "node1" / "results.csv").exists()
     assert not (tmp_path / "node1" / "run.json").exists()
+    # The node that holds rank 0 says where the run's files are; the other has none to name.
+    assert f"run completed: results.csv and run.json are in {tmp_path}/node0" in logs[1]
+    assert "run completed" not in logs[0]
 
 
 def test_nodes_given_different_num_gpus_both_stop_at_once_naming_the_key(tmp_path):

@@ -121,7 +121,10 @@ def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]
         _STOP_SIGNALS.wind_up()
         if record:
             record.update(**summary)
-        return _finish(record, Outcome("completed"))
+        outcome = _finish(record, Outcome("completed"))
+        if record and outcome.ok:
+            log.info("run completed: results.csv and run.json are in %s", out_dir)
+        return outcome
     except ConfigError as err:
         _STOP_SIGNALS.wind_up()
         log.error("error: %s", err)
