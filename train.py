@@ -37,14 +37,15 @@ from ddpscale.distributed import (  # noqa: E402
     SPAWN, detect_launcher, exit_finished_worker, launch_environment_problem,
 )
 from ddpscale.launch import run_job  # noqa: E402
-from ddpscale.sweep import register_resolvers  # noqa: E402
+from ddpscale.sweep import command_line_problem, register_resolvers  # noqa: E402
 from ddpscale.worker import train  # noqa: E402  (the workers' body)
 
 if __name__ != "__main__":  # a spawned worker: its run's own handling from here on
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 register_resolvers(sys.argv[1:])  # --cfg only prints: it creates no output directory
-_problem = launch_environment_problem()  # before Hydra reads the environment for the output directory
+# Before Hydra reads the environment for the output directory, or answers with a usage dump.
+_problem = launch_environment_problem() or command_line_problem(sys.argv[1:])
 if _problem:
     print(f"error: {_problem}", file=sys.stderr)
     sys.exit(2)

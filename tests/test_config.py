@@ -290,10 +290,28 @@ def test_a_home_relative_data_root_means_the_home_directory(tmp_path):
     assert f"{tmp_path}/nothing/FashionMNIST/raw" in output(proc)  # not <cwd>/~/nothing
 
 
-def test_cfg_job_shows_the_composed_config():
-    proc = run_train("--cfg", "job", "optim.lr=0.05", timeout=60)
+@pytest.mark.parametrize("argv", [["--cfg", "job", "optim.lr=0.05"], ["optim.lr=0.05", "--cfg", "job"]])
+def test_cfg_job_shows_the_composed_config(argv):
+    proc = run_train(*argv, timeout=60)  # flags before or after all the overrides
     assert proc.returncode == 0, output(proc)
     assert "lr: 0.05" in proc.stdout and "num_gpus: 1" in proc.stdout
+
+
+@pytest.mark.parametrize("argv,message", [
+    # argparse printed its usage and "unrecognized arguments: distributed.num_gpus=1,2"
+    (["+experiment=scaling_study", "-m", "distributed.num_gpus=1,2"],
+     "distributed.num_gpus=1,2: a flag (-m, --cfg ...) stands between these overrides and the others"),
+    # Hydra's traceback: "Only one of --run, --multirun, --cfg, ... can be specified"
+    (["+experiment=scaling_study", "-m", "--cfg", "job"], "--cfg job shows one job's config and Hydra "
+                                                          "cannot combine it with -m; drop -m"),
+])
+def test_a_command_line_hydra_cannot_read_gets_one_line_naming_the_fix(tmp_path, argv, message):
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, output(proc)
+    assert f"error: {message}" in proc.stderr
+    assert "usage" not in output(proc) and "Traceback" not in output(proc)
+    assert not list(tmp_path.iterdir()), "nothing started"
 
 
 @pytest.mark.parametrize("cfg", [["--cfg", "hydra"], ["-chydra"], ["--cf", "all"]])

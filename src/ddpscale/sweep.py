@@ -69,12 +69,36 @@ def register_resolvers(argv: list[str] | None = None) -> None:
 
 def _prints_only(argv: list[str]) -> str | None:
     """The --cfg of a command line (job, hydra, all), read as Hydra reads it (-chydra, --cf)."""
-    from hydra._internal.utils import get_args_parser  # the parser @hydra.main uses
+    parsed = _hydra_args(argv)
+    return parsed[0].cfg if parsed else None
+
+
+def command_line_problem(argv: list[str]) -> str | None:
+    """What is wrong with a command line that Hydra would answer with a usage dump and
+    "unrecognized arguments", or a traceback, as one line naming the fix."""
+    parsed = _hydra_args(argv)
+    if parsed is None:
+        return None  # --help, --version or a bad option: Hydra answers it itself
+    args, unknown = parsed
+    stray = [word for word in unknown if not word.startswith("-")]
+    if stray:
+        return (f"{' '.join(stray)}: a flag (-m, --cfg ...) stands between these overrides and the "
+                "others, and Hydra reads the overrides as one run of words: put every flag before "
+                "all of them or after all of them (python train.py -m a=1 b=2, or a=1 b=2 -m)")
+    if args.cfg and args.multirun:
+        return (f"--cfg {args.cfg} shows one job's config and Hydra cannot combine it with -m; "
+                "drop -m (and any comma-separated sweep values) to see the composed config")
+    return None
+
+
+def _hydra_args(argv: list[str]) -> tuple[Any, list[str]] | None:
+    """The command line parsed by the parser @hydra.main uses: (flags, words it did not take)."""
+    from hydra._internal.utils import get_args_parser
 
     quiet = io.StringIO()  # --version, --help or a bad option: Hydra prints it, once
     try:
         with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            return get_args_parser().parse_known_args(argv)[0].cfg
+            return get_args_parser().parse_known_args(argv)
     except SystemExit:
         return None
 
