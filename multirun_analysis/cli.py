@@ -82,11 +82,12 @@ def main(argv=None) -> int:
     from .report import write_report
     from .sweep import analyse
 
-    analysis = analyse(args.sweep_dirs, target_acc=args.target_acc)
+    # the report names the directories that held runs (the others were warned about)
+    analysis = analyse([s for s in args.sweep_dirs if s not in empty], target_acc=args.target_acc)
     report = write_report(analysis, out)
     runs = analysis.runs
     print(
-        f"{len(runs)} runs found, {int(runs.included.sum())} analysed, "
+        f"{len(runs)} run{'' if len(runs) == 1 else 's'} found, {int(runs.included.sum())} analysed, "
         f"{int((~runs.included).sum())} listed under Problems"
     )
     print(f"report: {report}")

@@ -223,12 +223,18 @@ def _accuracy_view(accuracy: pd.DataFrame) -> pd.DataFrame:
     ]
 
 
+def _run_name(path: str, base: str) -> str:
+    """A run's path below the analysed directory; its own name when that is the run itself."""
+    name = os.path.relpath(path, base)
+    return os.path.basename(path) if name == "." else name
+
+
 def _runs_view(analysis: Analysis) -> pd.DataFrame:
     """The runs table for reading: path relative to the sweep, status, varying settings, results."""
     runs = analysis.runs
     base = os.path.commonpath([os.path.abspath(d) for d in analysis.sweep_dirs])
     return runs.assign(
-        run=runs.path.map(lambda p: os.path.relpath(os.path.abspath(p), base)),
+        run=runs.path.map(lambda p: _run_name(os.path.abspath(p), base)),
         epochs_done=runs.epochs_done.astype(str) + "/" + runs.epochs.map(format_value),
     )[
         [

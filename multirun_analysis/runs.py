@@ -148,11 +148,13 @@ def _completeness_reason(runs: pd.DataFrame) -> pd.Series:
             [
                 status.eq("completed") & ~runs.has_results,
                 status.eq("completed") & ~complete,
+                status.eq("unknown") & runs.epochs_done.eq(0).fillna(False).astype(bool),
                 status.eq("unknown") & ~complete,
             ],
             [
                 "completed but has no results.csv",
                 "completed but results.csv has " + _k_of_n(runs),
+                "no run.json, and results.csv has no epoch rows",
                 "no run.json and results.csv has only " + _k_of_n(runs),
             ],
             default="",

@@ -152,6 +152,15 @@ def test_a_directory_without_runs_beside_others_is_a_warning(two_sweeps, tmp_pat
     assert "2 runs found, 2 analysed" in result.stdout
     # the report goes beside the runs, not into the empty directory named first
     assert (a / "analysis" / "report.html").exists() and not (tmp_path / "empty" / "analysis").exists()
+    assert "empty" not in (a / "analysis" / "report.md").read_text(), "it contributed nothing"
+
+
+def test_one_run_analysed_by_itself_is_named_by_its_directory(two_sweeps, tmp_path):
+    a, _ = two_sweeps
+    result = run_cli(str(a / "2"), "--out", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert "1 run found, 1 analysed" in result.stdout  # not "1 runs"
+    assert "| 2 | completed |" in (tmp_path / "out" / "runs.md").read_text()  # not "."
 
 
 def test_directories_that_all_lack_runs_are_an_error(tmp_path):

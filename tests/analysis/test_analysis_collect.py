@@ -196,6 +196,7 @@ def test_every_run_is_listed_whatever_its_state(tmp_path):
     write_run("no_json", run_json=False)
     write_run("no_json_partial", run_json=False, images_per_sec=(900.0,), epochs=3)
     write_run("short", images_per_sec=(900.0, 950.0), epochs=3)
+    write_run("no_json_header_only", run_json=False, images_per_sec=())  # said "only 0 of ? epochs"
     runs = analyse([sweep_dir]).runs
     table = dict(
         zip(runs.path.str.rsplit("/", n=1).str[-1], zip(runs.status, runs.included, runs.problem))
@@ -208,6 +209,7 @@ def test_every_run_is_listed_whatever_its_state(tmp_path):
         "no_json": ("unknown", True, ""),
         "no_json_partial": ("unknown", False, "no run.json and results.csv has only 1 of 3 epochs"),
         "short": ("completed", False, "completed but results.csv has 2 of 3 epochs"),
+        "no_json_header_only": ("unknown", False, "no run.json, and results.csv has no epoch rows"),
     }
 
 
