@@ -70,6 +70,7 @@ META_COLUMNS = (
     "end_time",
     "launcher",
     "hostname",
+    "host_cores",
     "git_commit",
     "overrides",
 )
@@ -155,6 +156,7 @@ def _read_run_json(directory: str) -> tuple[dict, dict, list[str]]:
         "end_time": _text(doc.get("end_time")),
         "launcher": _text(doc.get("launcher")),
         "hostname": _text(doc.get("hostname")),
+        "host_cores": _host_cores(doc),
         "git_commit": _text(doc.get("git_commit")),
         "overrides": " ".join(map(str, overrides)) if isinstance(overrides, list) else None,
         **_config_settings(doc),
@@ -166,6 +168,18 @@ def _read_run_json(directory: str) -> tuple[dict, dict, list[str]]:
         else {}
     )
     return meta, groups, problems
+
+
+def _host_cores(doc: dict) -> int | None:
+    """Logical cores of rank 0's host: run.json's host_cores, or for older runs the count
+    its CPU device name carries ("Intel(R) Xeon(R) (2 logical cores)")."""
+    cores = doc.get("host_cores")
+    if isinstance(cores, int) and not isinstance(cores, bool) and cores > 0:
+        return cores
+    devices = doc.get("devices")
+    named = re.search(r"\((\d+) logical cores\)", devices[0]) if (
+        isinstance(devices, list) and devices and isinstance(devices[0], str)) else None
+    return int(named.group(1)) if named else None
 
 
 def _config_settings(doc: dict) -> dict:

@@ -26,6 +26,7 @@ def key_findings(analysis: Analysis) -> list[str]:
     return [
         _counts(analysis.runs),
         *_overlapping(analysis.runs),
+        *_crowded(analysis.runs),
         _best_throughput(analysis.configs),
         *_scaling(analysis.scaling, analysis.configs),
         *_more_than_linear(analysis.scaling),
@@ -93,6 +94,29 @@ def _overlapping(runs: pd.DataFrame) -> list[str]:
         f"**{_plural(len(paths), 'run')} ran at the same time as another on one host** "
         f"(first: {paths.iloc[0]}): each measured its throughput under the other's load, so "
         "their speedups and efficiencies are not to be trusted; run such jobs one after another."
+    ]
+
+
+def crowded_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Analysed CPU runs with more workers on a host than it has cores (num_gpus=4 on a
+    2-core laptop): past the core count more workers cannot raise throughput."""
+    if not {"host_cores", "device", "num_gpus"} <= set(runs.columns):
+        return runs.iloc[:0]
+    cores = pd.to_numeric(runs.host_cores, errors="coerce")
+    return runs[runs.included & runs.device.eq("cpu") & (runs.num_gpus > cores).fillna(False)]
+
+
+def _crowded(runs: pd.DataFrame) -> list[str]:
+    crowded = crowded_runs(runs)
+    if crowded.empty:
+        return []
+    first = crowded.iloc[0]
+    return [
+        f"**{_plural(len(crowded), 'run')} had more CPU workers than {'its' if len(crowded) == 1 else 'their'} "
+        f"host has cores** ({'first: ' if len(crowded) > 1 else ''}{first.path}, {int(first.num_gpus)} workers on "
+        f"{int(first.host_cores)} cores): past the core count more workers cannot raise "
+        "throughput, so speedup and efficiency there measure the crowded machine, not the "
+        "scaling of training."
     ]
 
 

@@ -26,6 +26,7 @@ def test_multirun_gives_one_complete_run_per_job(tmp_path):
     assert [p.name for p in runs] == ["0", "1"]
     assert [read_rows(p)[0]["world_size"] for p in runs] == ["1", "2"]
     assert all(read_run(p)["status"] == "completed" for p in runs)
+    assert all(read_run(p)["host_cores"] == os.cpu_count() for p in runs)  # for the analysis
     assert "2 run(s), 2 completed" in output(proc)
 
 

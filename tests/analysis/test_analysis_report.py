@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from analysis_files import COLUMNS, new_sweep, run_rows, write_results, write_run_json
 
-from multirun_analysis.findings import key_findings, overlapping_runs
+from multirun_analysis.findings import crowded_runs, key_findings, overlapping_runs
 from multirun_analysis.plots import _labels
 from multirun_analysis.render import format_cell, markdown_table
 from multirun_analysis.report import write_report
@@ -156,6 +156,21 @@ def test_runs_at_the_same_time_on_one_host_are_called_out(tmp_path):
     write_report(analysis, tmp_path / "out")
     assert ("**2 runs ran at the same time as another on one host** (first: "
             in (tmp_path / "out" / "report.md").read_text())
+
+
+@pytest.mark.parametrize("cores", [{"host_cores": 2}, {"devices": ["Intel(R) Xeon(R) Processor (2 logical cores)"]}],
+                         ids=["host_cores", "older run.json"])
+def test_more_cpu_workers_than_cores_are_called_out(tmp_path, cores):
+    # num_gpus=4 on a 2-core laptop: the training log said so, the report's findings did not.
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for world_size in (1, 2, 4):
+        run_dir = write_run(f"ws{world_size}", world_size=world_size)
+        doc = json.loads((run_dir / "run.json").read_text())
+        (run_dir / "run.json").write_text(json.dumps({**doc, **cores}))
+    analysis = analyse([sweep_dir])
+    assert [Path(p).name for p in crowded_runs(analysis.runs).path] == ["ws4"]
+    assert any(f.startswith("**1 run had more CPU workers than its host has cores** (") and
+               "ws4, 4 workers on 2 cores" in f for f in key_findings(analysis))
 
 
 def test_report_html_is_self_contained(messy_out):
