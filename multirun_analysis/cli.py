@@ -73,8 +73,8 @@ def main(argv=None) -> int:
             "analysing the other directories",
             file=sys.stderr,
         )
-    # by default beside the runs: in the first directory that has any
-    out = args.out or next(s for s in args.sweep_dirs if s not in empty) / "analysis"
+    with_runs = [sweep for sweep in args.sweep_dirs if sweep not in empty]
+    out = args.out or with_runs[0] / "analysis"  # by default beside the runs
     problem = _make_out(out)
     if problem:
         print(f"multirun_analysis: error: {problem}", file=sys.stderr)
@@ -82,8 +82,7 @@ def main(argv=None) -> int:
     from .report import write_report
     from .sweep import analyse
 
-    # the report names the directories that held runs (the others were warned about)
-    analysis = analyse([s for s in args.sweep_dirs if s not in empty], target_acc=args.target_acc)
+    analysis = analyse(with_runs, target_acc=args.target_acc)  # the report names only these
     report = write_report(analysis, out)
     runs = analysis.runs
     print(

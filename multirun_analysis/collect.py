@@ -70,7 +70,7 @@ META_COLUMNS = (
     "end_time",
     "launcher",
     "hostname",
-    "host_cores",
+    "usable_cores",
     "git_commit",
     "overrides",
 )
@@ -156,7 +156,7 @@ def _read_run_json(directory: str) -> tuple[dict, dict, list[str]]:
         "end_time": _text(doc.get("end_time")),
         "launcher": _text(doc.get("launcher")),
         "hostname": _text(doc.get("hostname")),
-        "host_cores": _host_cores(doc),
+        "usable_cores": _usable_cores(doc),
         "git_commit": _text(doc.get("git_commit")),
         "overrides": " ".join(map(str, overrides)) if isinstance(overrides, list) else None,
         **_config_settings(doc),
@@ -170,10 +170,10 @@ def _read_run_json(directory: str) -> tuple[dict, dict, list[str]]:
     return meta, groups, problems
 
 
-def _host_cores(doc: dict) -> int | None:
-    """Logical cores of rank 0's host: run.json's host_cores, or for older runs the count
-    its CPU device name carries ("Intel(R) Xeon(R) (2 logical cores)")."""
-    cores = doc.get("host_cores")
+def _usable_cores(doc: dict) -> int | None:
+    """The cores the job could use: run.json's usable_cores, or for older runs the host's
+    count its CPU device name carries ("Intel(R) Xeon(R) (2 logical cores)")."""
+    cores = doc.get("usable_cores")
     if isinstance(cores, int) and not isinstance(cores, bool) and cores > 0:
         return cores
     devices = doc.get("devices")
@@ -301,7 +301,7 @@ def _value_problems(raw: pd.DataFrame, numbers: dict[str, pd.Series]) -> dict[in
         if column in NON_EMPTY:
             flagged.append(cells[missing].assign(message=f"empty value in column {column}"))
     for column in TIMINGS:
-        unusable = np.isinf(numbers[column]) | (numbers[column] < 0)
+        unusable = np.isinf(numbers[column]) | (numbers[column] <= 0)
         flagged.append(raw.loc[unusable, ["run_id"]].assign(
             message="unusable value '" + raw.loc[unusable, column].str.strip() + f"' in column {column}"))
     cells = pd.concat(flagged, ignore_index=True) if flagged else pd.DataFrame()

@@ -98,12 +98,14 @@ def _overlapping(runs: pd.DataFrame) -> list[str]:
 
 
 def crowded_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """Analysed CPU runs with more workers on a host than it has cores (num_gpus=4 on a
-    2-core laptop): past the core count more workers cannot raise throughput."""
-    if not {"host_cores", "device", "num_gpus"} <= set(runs.columns):
+    """Analysed CPU runs that spawned more workers than the cores they could use
+    (num_gpus=4 on a 2-core laptop): past the core count more workers cannot raise
+    throughput. (Under torchrun or SLURM each task may be bound to cores of its own.)"""
+    if not {"usable_cores", "device", "num_gpus", "launcher"} <= set(runs.columns):
         return runs.iloc[:0]
-    cores = pd.to_numeric(runs.host_cores, errors="coerce")
-    return runs[runs.included & runs.device.eq("cpu") & (runs.num_gpus > cores).fillna(False)]
+    cores = pd.to_numeric(runs.usable_cores, errors="coerce")
+    spawned = runs.included & runs.device.eq("cpu") & runs.launcher.eq("spawn")
+    return runs[spawned & (runs.num_gpus > cores).fillna(False)]
 
 
 def _crowded(runs: pd.DataFrame) -> list[str]:
@@ -112,9 +114,8 @@ def _crowded(runs: pd.DataFrame) -> list[str]:
         return []
     first = crowded.iloc[0]
     return [
-        f"**{_plural(len(crowded), 'run')} had more CPU workers than {'its' if len(crowded) == 1 else 'their'} "
-        f"host has cores** ({'first: ' if len(crowded) > 1 else ''}{first.path}, {int(first.num_gpus)} workers on "
-        f"{int(first.host_cores)} cores): past the core count more workers cannot raise "
+        f"**{_plural(len(crowded), 'run')} had more CPU workers than cores** ({'first: ' if len(crowded) > 1 else ''}{first.path}, {int(first.num_gpus)} workers on "
+        f"{int(first.usable_cores)} cores): past the core count more workers cannot raise "
         "throughput, so speedup and efficiency there measure the crowded machine, not the "
         "scaling of training."
     ]

@@ -46,8 +46,8 @@ def _reorder(runs: pd.DataFrame) -> pd.DataFrame:
         *settings_in(runs.columns),
         "epochs_done",
     ]
-    back = ["error", "has_results", "start_time", "end_time", "launcher", "hostname", "git_commit",
-            "overrides"]
+    back = ["error", "has_results", "start_time", "end_time", "launcher", "hostname", "usable_cores",
+            "git_commit", "overrides"]
     return runs[[*front, *(c for c in runs.columns if c not in front and c not in back), *back]]
 
 

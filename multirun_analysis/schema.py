@@ -54,7 +54,7 @@ EXTRA_SETTINGS = ("precision", "data_loader", "comm_hook", "grad_accum_steps")
 # Optional numeric columns; a bad value there becomes NaN instead of a problem.
 EXTRA_NUMERIC = ("step_time_p50_s", "step_time_p90_s", "grad_sync_share", "eval_time_s")
 
-# Timings every run measures: finite and not negative, or the scaling figures mean nothing.
+# Timings every run measures: finite and above 0, or the scaling figures mean nothing.
 TIMINGS = ("epoch_time_s", "elapsed_s", "images_per_sec")
 # Values that must be present on every row: without them a row cannot be placed or scaled.
 NON_EMPTY = (*NUMERIC_SETTINGS, "epoch", *TIMINGS)

@@ -16,7 +16,7 @@ from conftest import QUICK, REPO, output, read_run, run_train
 from ddpscale.config import (
     AdamWConfig, CNNConfig, Config, ConfigError, SGDConfig, WideResNetConfig, to_config, validate,
 )
-from ddpscale.sweep import register_resolvers
+from ddpscale.sweep import command_line_problem, register_resolvers
 
 register_resolvers()
 
@@ -288,6 +288,16 @@ def test_a_home_relative_data_root_means_the_home_directory(tmp_path):
                      env={"HOME": str(tmp_path)}, timeout=60)
     assert proc.returncode != 0
     assert f"{tmp_path}/nothing/FashionMNIST/raw" in output(proc)  # not <cwd>/~/nothing
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "a=1", "b=2"], ["a=1", "b=2", "-m"], ["--multirun", "hydra/launcher=slurm", "x=1"],
+    ["--info"], ["-cn", "config", "a=1"], ["--config-dir", "X", "a=1", "-m"], ["~key", "+key=v", "-m"],
+    ["'a=x y'", "b=\"z w\""], ["--cfg", "job", "a=1"], ["a=1", "--cfg", "job"], ["--help"],
+    ["a=1", "--multirnu", "b=2"],  # an unknown flag: Hydra names it, ddpscale does not guess
+])
+def test_command_lines_hydra_reads_are_left_to_it(argv):
+    assert command_line_problem(argv) is None
 
 
 @pytest.mark.parametrize("argv", [["--cfg", "job", "optim.lr=0.05"], ["optim.lr=0.05", "--cfg", "job"]])

@@ -398,6 +398,21 @@ def test_sigterm_ctrl_c_and_hangup_stop_the_workers_and_mark_the_run_interrupted
     assert not _alive(family)
 
 
+def test_a_run_under_nohup_survives_the_hangup(tmp_path):
+    # nohup ignores SIGHUP so that a run outlives the terminal; the job and its workers keep that.
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *QUICK, "train.epochs=3", "distributed.num_gpus=2",
+         f"hydra.run.dir={tmp_path}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    _wait_for_epochs(proc, tmp_path, 1)
+    os.killpg(proc.pid, signal.SIGHUP)  # the terminal closed
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, log
+    assert read_run(tmp_path)["status"] == "completed" and len(read_rows(tmp_path)) == 3
+
+
 def test_a_second_signal_while_stopping_waits_until_the_run_is_recorded(tmp_path):
     # One worker ignores SIGTERM, so stopping takes the whole 10 s before SIGKILL; an
     # impatient second signal in that time must not kill the job process and leave

@@ -437,7 +437,7 @@ def _at_most(key: str, value: float, high: float, what: str) -> None:
         raise ConfigError(f"{key}={value:g} must be at most {high:g} ({what})")
 
 
-def _at_least(key: str, value: int, low: int, what: str) -> None:
+def _at_least(key: str, value: float, low: float, what: str) -> None:
     if value < low:
         raise ConfigError(f"{key}={value} must be >= {low} ({what})")
 
@@ -446,9 +446,9 @@ _FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _finite(node: Any, prefix: str = "") -> None:
-    """No float key takes inf or nan (the command line accepts both), nor a value beyond
-    float32: optim.lr=inf would train to a nan loss, distributed.timeout_s=inf would crash
-    the rendezvous, optim.lr=1e308 failed inside a worker without naming the key."""
+    """Every float key finite and within float32 (the command line accepts inf and nan):
+    optim.lr=inf would train to a nan loss, distributed.timeout_s=inf would crash the
+    rendezvous, optim.lr=1e308 failed inside a worker without naming the key."""
     for f in dataclasses.fields(node):
         value, key = getattr(node, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):

@@ -114,7 +114,8 @@ def _check_idx(cfg: DataConfig, folder: Path) -> int:
             "leave data.num_classes at the data option's value"
         )
     val_labels = _find(folder, _SPLIT_FILES[False][1])
-    if int(_read_idx(val_labels).max()) >= cfg.num_classes:
+    labels = _read_idx(val_labels)
+    if labels.size and int(labels.max()) >= cfg.num_classes:
         raise ConfigError(
             f"{val_labels} has labels beyond the {cfg.num_classes} classes of the training "
             "labels; the file is damaged or belongs to another data set: replace it"

@@ -40,8 +40,10 @@ WorkerFn = Callable[[ddist.WorkerContext, Config, Path], dict[str, Any]]
 
 # The signals that stop a run and mark it interrupted: Ctrl-C, kill, and SIGHUP (the
 # terminal closed or the SSH connection dropped), which would otherwise end the job
-# process at once and leave run.json saying "running".
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+# process at once and leave run.json saying "running". One ignored when the job starts
+# (SIGHUP under nohup) stays ignored, in the job and in its workers.
+_STOP_SIGNAL_NUMBERS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                             if hasattr(signal, name))
 
 
 class Interrupted(BaseException):
@@ -161,7 +163,7 @@ def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0
     d = cfg.distributed
     comm_hook = ddist.resolve_comm_hook(d.comm_hook, device, _world(cfg), d.num_nodes)
     if record:
-        record.update(grad_allreduce=comm_hook)
+        record.update(grad_allreduce=comm_hook, usable_cores=ddist.usable_cores())
     if launcher == ddist.SPAWN:
         data_lib.prepare(cfg.data, _world(cfg))
         return _spawn(cfg, worker, out_dir, device, backend)
@@ -210,7 +212,7 @@ def _finish(record: RunRecord | None, outcome: Outcome, **fields: Any) -> Outcom
         try:
             record.finish(outcome.status, outcome.error, **fields)
         except OSError as err:
-            why = f"its end could not be written to {record.path} ({err}), which still says running"
+            why = f"its end could not be written to {record.path} ({err.strerror}), which still says running"
             log.error("error: the run %s, but %s", outcome.status, why)
             return Outcome("failed", f"{outcome.error}; {why}" if outcome.error else why,
                            exit_code=outcome.exit_code or 1, recorded=False)
@@ -363,7 +365,8 @@ class _StopSignals:
         self.received: int | None = None
         self.winding_up = False
         self.holding = False
-        self.saved = {s: signal.signal(s, self._handler) for s in STOP_SIGNALS}
+        self.saved = {s: signal.signal(s, self._handler) for s in _STOP_SIGNAL_NUMBERS
+                      if signal.getsignal(s) is not signal.SIG_IGN}
 
     def __exit__(self, *exc) -> None:
         for s, previous in self.saved.items():

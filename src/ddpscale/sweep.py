@@ -81,7 +81,7 @@ def command_line_problem(argv: list[str]) -> str | None:
         return None  # --help, --version or a bad option: Hydra answers it itself
     args, unknown = parsed
     stray = [word for word in unknown if not word.startswith("-")]
-    if stray:
+    if stray and len(stray) == len(unknown):  # an unknown flag among them: Hydra names it
         return (f"{' '.join(stray)}: a flag (-m, --cfg ...) stands between these overrides and the "
                 "others, and Hydra reads the overrides as one run of words: put every flag before "
                 "all of them or after all of them (python train.py -m a=1 b=2, or a=1 b=2 -m)")

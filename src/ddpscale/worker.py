@@ -8,7 +8,6 @@ function defined in train.py could not be found there.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import torch
@@ -54,5 +53,4 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
     checksums = [checksum for checksum, _ in gathered]
     return {"replica_checksums": checksums, "replicas_identical": len(set(checksums)) == 1,
             "threads_per_worker": [threads for _, threads in gathered],
-            "devices": device_names(ctx.device), "host_cores": os.cpu_count(),
-            "grad_allreduce": ddp_model.grad_allreduce}
+            "devices": device_names(ctx.device), "grad_allreduce": ddp_model.grad_allreduce}

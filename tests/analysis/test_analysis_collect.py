@@ -124,6 +124,7 @@ def test_non_numeric_value_is_reported_with_column_and_value(tmp_path):
     ("nan", "empty value in column images_per_sec"),
     ("inf", "unusable value 'inf' in column images_per_sec"),
     ("-1800", "unusable value '-1800' in column images_per_sec"),
+    ("0", "unusable value '0' in column images_per_sec"),  # an infinite speedup
 ])
 def test_a_timing_no_run_could_measure_is_a_problem(tmp_path, value, problem):
     # It went through as NaN or inf, and the scaling plot crashed the whole analysis.
