@@ -23,7 +23,12 @@ def _stop_quietly(signum, frame):
     os._exit(128 + signum)
 
 
-signal.signal(signal.SIGINT, _stop_quietly)  # while a run is in progress, run_job stops it
+# While a run is in progress, run_job stops it. SIGHUP (the terminal closed) too, unless it
+# is ignored (nohup), which the job and its workers keep.
+_QUIET_SIGNALS = [signal.SIGINT] + [s for s in [getattr(signal, "SIGHUP", None)]
+                                    if s is not None and signal.getsignal(s) is not signal.SIG_IGN]
+for _signum in _QUIET_SIGNALS:
+    signal.signal(_signum, _stop_quietly)
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
@@ -42,6 +47,8 @@ from ddpscale.worker import train  # noqa: E402  (the workers' body)
 
 if __name__ != "__main__":  # a spawned worker: its run's own handling from here on
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    for _signum in _QUIET_SIGNALS[1:]:
+        signal.signal(_signum, signal.SIG_DFL)
 
 register_resolvers(sys.argv[1:])  # --cfg only prints: it creates no output directory
 # Before Hydra reads the environment for the output directory, or answers with a usage dump.

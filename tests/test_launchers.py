@@ -473,6 +473,15 @@ def test_a_signal_before_the_workers_start_marks_the_run_interrupted(tmp_path, s
 def test_ctrl_c_while_starting_ends_without_a_traceback(tmp_path, when):
     # The first seconds of the job, and of each spawned worker, are interpreter start-up
     # and imports (torch, hydra); torch's C import once swallowed a Ctrl-C there.
+    _stop_while_starting(tmp_path, when, signal.SIGINT)
+
+
+def test_a_hangup_before_the_run_ends_the_job_with_one_line(tmp_path):
+    # As between a sweep's runs: the process died of SIGHUP at once, saying nothing.
+    _stop_while_starting(tmp_path, "job importing", signal.SIGHUP)
+
+
+def _stop_while_starting(tmp_path, when, sig):
     proc = subprocess.Popen(
         [sys.executable, "train.py", *QUICK, "distributed.num_gpus=2", f"hydra.run.dir={tmp_path}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -485,9 +494,9 @@ def test_ctrl_c_while_starting_ends_without_a_traceback(tmp_path, when):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
             time.sleep(0.005)
         time.sleep(0.5 if when == "workers importing" else 0)
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground process group
+    os.killpg(proc.pid, sig)  # Ctrl-C, and a hangup, reach the whole foreground process group
     log = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 130, log
+    assert proc.returncode == 128 + sig, log
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
     if when == "job importing":
         assert log.strip() == "interrupted; no run was in progress"
