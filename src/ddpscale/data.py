@@ -95,33 +95,32 @@ def _refuse_generator_keys(cfg: DataConfig) -> None:
 
 def _check_idx(cfg: DataConfig, folder: Path) -> int:
     """Check the files' image shape and labels against the config; the training examples used."""
-    for path in (_find(folder, stem) for split in _SPLIT_FILES.values() for stem in split):
-        _check_complete(path)
-    for split in _SPLIT_FILES.values():
-        _check_pair(*(_find(folder, stem) for stem in split))
-    images, labels = (_find(folder, stem) for stem in _SPLIT_FILES[True])
-    shape = _idx_shape(images)
+    paths = {stem: _find(folder, stem) for split in _SPLIT_FILES.values() for stem in split}
+    shapes = {stem: _check_complete(path) for stem, path in paths.items()}  # each header read once
+    for images, labels in _SPLIT_FILES.values():
+        _check_pair(paths[images], shapes[images], paths[labels], shapes[labels])
+    (train_images, train_labels), (val_images, val_labels) = _SPLIT_FILES[True], _SPLIT_FILES[False]
+    shape = shapes[train_images]
     if shape[1:] != (cfg.image_size, cfg.image_size) or cfg.channels != 1:
         raise ConfigError(
             f"data={cfg.name} has 1x{shape[1]}x{shape[2]} images but the config "
             f"says data.channels={cfg.channels}, data.image_size={cfg.image_size}; "
             "leave those keys at the data option's values"
         )
-    classes = int(_read_idx(labels).max()) + 1
+    classes = int(_read_idx(paths[train_labels]).max()) + 1
     if classes != cfg.num_classes:  # more would train outputs no label ever asks for
         raise ConfigError(
             f"data={cfg.name} has {classes} classes but data.num_classes={cfg.num_classes}; "
             "leave data.num_classes at the data option's value"
         )
-    val_labels = _find(folder, _SPLIT_FILES[False][1])
-    labels = _read_idx(val_labels)
-    if labels.size and int(labels.max()) >= cfg.num_classes:
+    val_y = _read_idx(paths[val_labels])
+    if val_y.size and int(val_y.max()) >= cfg.num_classes:
         raise ConfigError(
-            f"{val_labels} has labels beyond the {cfg.num_classes} classes of the training "
+            f"{paths[val_labels]} has labels beyond the {cfg.num_classes} classes of the training "
             "labels; the file is damaged or belongs to another data set: replace it"
         )
     for train, key in ((True, "train_size"), (False, "val_size")):
-        available = shape[0] if train else _idx_shape(_find(folder, _SPLIT_FILES[False][0]))[0]
+        available = shapes[train_images if train else val_images][0]
         wanted = getattr(cfg, key)
         if wanted is not None and wanted > available:
             split = "training" if train else "validation"
@@ -226,10 +225,10 @@ def _download(cfg: DataConfig, folder: Path) -> None:
         raise ConfigError(_missing_message(cfg, folder, f"the download failed ({err})")) from err
 
 
-def _check_pair(images: Path, labels: Path) -> None:
+def _check_pair(images: Path, image_shape: tuple[int, ...], labels: Path,
+                label_shape: tuple[int, ...]) -> None:
     """An images file of (N, H, W) beside a labels file of (N,): swapped or misnamed files
     fail here, naming them, rather than inside a worker."""
-    image_shape, label_shape = _idx_shape(images), _idx_shape(labels)
     if len(image_shape) != 3 or len(label_shape) != 1 or image_shape[0] != label_shape[0]:
         raise ConfigError(
             f"{images} holds an array of shape {image_shape} and {labels} one of shape "
@@ -246,9 +245,10 @@ def _idx_shape(path: Path) -> tuple[int, ...]:
     return tuple(int.from_bytes(header[4 * i: 4 * i + 4], "big") for i in range(ndim))
 
 
-def _check_complete(path: Path) -> None:
+def _check_complete(path: Path) -> tuple[int, ...]:
     """An IDX file as long as its header says, without reading it all (a gzip file's last
-    4 bytes hold its unpacked size): a cut-off download fails here, naming the file."""
+    4 bytes hold its unpacked size): a cut-off download fails here, naming the file. Returns
+    the shape its header gives."""
     try:
         shape = _idx_shape(path)
         expected = 4 + 4 * len(shape) + math.prod(shape)
@@ -264,6 +264,7 @@ def _check_complete(path: Path) -> None:
     if not complete:
         dims = "x".join(map(str, shape))
         raise ConfigError(_damaged_message(path, f"its length is not the {dims} its header says"))
+    return shape
 
 
 def _damaged_message(path: Path, why: object) -> str:
