@@ -25,10 +25,12 @@ def _stop_quietly(signum, frame):
 
 # While a run is in progress, run_job stops it. SIGHUP (the terminal closed) too, unless it
 # is ignored (nohup), which the job and its workers keep.
-_QUIET_SIGNALS = [signal.SIGINT] + [s for s in [getattr(signal, "SIGHUP", None)]
-                                    if s is not None and signal.getsignal(s) is not signal.SIG_IGN]
-for _signum in _QUIET_SIGNALS:
-    signal.signal(_signum, _stop_quietly)
+_HANGUP = getattr(signal, "SIGHUP", None)
+if _HANGUP is not None and signal.getsignal(_HANGUP) is signal.SIG_IGN:
+    _HANGUP = None
+signal.signal(signal.SIGINT, _stop_quietly)
+if _HANGUP is not None:
+    signal.signal(_HANGUP, _stop_quietly)
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
@@ -47,8 +49,8 @@ from ddpscale.worker import train  # noqa: E402  (the workers' body)
 
 if __name__ != "__main__":  # a spawned worker: its run's own handling from here on
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    for _signum in _QUIET_SIGNALS[1:]:
-        signal.signal(_signum, signal.SIG_DFL)
+    if _HANGUP is not None:
+        signal.signal(_HANGUP, signal.SIG_DFL)
 
 register_resolvers(sys.argv[1:])  # --cfg only prints: it creates no output directory
 # Before Hydra reads the environment for the output directory, or answers with a usage dump.
