@@ -177,8 +177,9 @@ def _usable_cores(doc: dict) -> int | None:
     if isinstance(cores, int) and not isinstance(cores, bool) and cores > 0:
         return cores
     devices = doc.get("devices")
-    named = re.search(r"\((\d+) logical cores\)", devices[0]) if (
-        isinstance(devices, list) and devices and isinstance(devices[0], str)) else None
+    if not (isinstance(devices, list) and devices and isinstance(devices[0], str)):
+        return None
+    named = re.search(r"\((\d+) logical cores\)", devices[0])
     return int(named.group(1)) if named else None
 
 

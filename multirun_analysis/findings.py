@@ -113,11 +113,12 @@ def _crowded(runs: pd.DataFrame) -> list[str]:
     if crowded.empty:
         return []
     first = crowded.iloc[0]
+    which = f"{'first: ' if len(crowded) > 1 else ''}{first.path}"
     return [
-        f"**{_plural(len(crowded), 'run')} had more CPU workers than cores** ({'first: ' if len(crowded) > 1 else ''}{first.path}, {int(first.num_gpus)} workers on "
-        f"{int(first.usable_cores)} cores): past the core count more workers cannot raise "
-        "throughput, so speedup and efficiency there measure the crowded machine, not the "
-        "scaling of training."
+        f"**{_plural(len(crowded), 'run')} had more CPU workers than cores** ({which}, "
+        f"{int(first.num_gpus)} workers on {int(first.usable_cores)} cores): past the core "
+        "count more workers cannot raise throughput, so speedup and efficiency there measure "
+        "the crowded machine, not the scaling of training."
     ]
 
 
