@@ -3,8 +3,9 @@
 Spawned workers import this file as their main module, so the extra model exists in
 them too. It shows how a model plugs into the registry, and lets tests crash one worker
 of a real run. Environment: CRASH_RANK (default 1), CRASH_EPOCH (default 1; after the
-first step of that epoch), CRASH_HOW=raise|sigkill|exit0|stubborn (exit0: sys.exit(0), a
-worker that leaves early saying nothing is wrong; stubborn: ignore SIGINT and SIGTERM and
+first step of that epoch), CRASH_HOW=raise|sigkill|exit0|os_exit0|stubborn (exit0: sys.exit(0),
+a worker that leaves early saying nothing is wrong; os_exit0: os._exit(0), the same without
+the SystemExit exception that ddpscale can catch; stubborn: ignore SIGINT and SIGTERM and
 hang in forward, writing its pid to CRASH_PID_FILE: a worker slow to stop).
 """
 
@@ -37,6 +38,8 @@ class CrashingCNN(CNN):
                 os.kill(os.getpid(), signal.SIGKILL)
             if how == "exit0":
                 sys.exit(0)
+            if how == "os_exit0":
+                os._exit(0)
             if how == "stubborn":
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)

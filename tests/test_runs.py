@@ -147,11 +147,25 @@ def test_a_crashing_worker_ends_the_run_marked_failed(tmp_path):
     assert not list(temp.glob("pytorch-errorfile-*")), "torch's traceback pickles are deleted"
 
 
-def test_a_worker_leaving_early_with_exit_code_0_fails_the_run(tmp_path):
-    # It was recorded as completed, with no results.csv, and the sweep counted it so.
+@pytest.mark.parametrize("workers, rank", [(1, 0), (2, 0), (2, 1)])
+def test_a_worker_calling_sys_exit_0_fails_the_run_saying_so(tmp_path, workers, rank):
+    # It was recorded as completed, with no results.csv, and the sweep counted it so; with 2
+    # workers the other rank blamed the out-of-memory killer.
+    proc = run_train(*QUICK, "model.name=crashing_cnn", f"distributed.num_gpus={workers}", "train.epochs=1",
+                     "train.sync_probe_steps=0", f"hydra.run.dir={tmp_path}/run", script="tests/crashing_train.py",
+                     env={"CRASH_RANK": str(rank), "CRASH_HOW": "exit0"})
+    assert proc.returncode == 1, output(proc)
+    run = read_run(tmp_path / "run")
+    assert run["status"] == "failed"
+    assert f"rank {rank}: the training code called sys.exit(0) before the run finished" in run["error"]
+    assert "out-of-memory" not in output(proc)
+
+
+def test_a_worker_leaving_with_exit_code_0_unasked_fails_the_run(tmp_path):
+    # os._exit(0) raises nothing to catch: the job process sees rank 0 gone without its summary.
     proc = run_train(*QUICK, "model.name=crashing_cnn", "distributed.num_gpus=1", "train.epochs=1",
                      f"hydra.run.dir={tmp_path}/run", script="tests/crashing_train.py",
-                     env={"CRASH_RANK": "0", "CRASH_HOW": "exit0"})
+                     env={"CRASH_RANK": "0", "CRASH_HOW": "os_exit0"})
     assert proc.returncode == 1, output(proc)
     run = read_run(tmp_path / "run")
     assert run["status"] == "failed" and "worker 0 exited with code 0 before its run finished" in run["error"]

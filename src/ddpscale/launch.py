@@ -302,7 +302,7 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
         if d.node_id == 0:  # its local rank 0 is global rank 0, which saves the summary last
             raise RuntimeError(
                 "worker 0 exited with code 0 before its run finished: code in it called "
-                "sys.exit(0), or that worker alone was sent SIGINT")
+                "os._exit(0), or that worker alone was sent SIGINT")
         return {}
     finally:
         _STOP_SIGNALS.wind_up()  # a signal now must not cut short the ending of the workers
@@ -439,12 +439,23 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
         try:
             if plan.launcher != ddist.SPAWN:
                 _prepare_data_once(plan.cfg, placement)
-            return worker(ctx, plan.cfg, out_dir)
+            return _body(worker, ctx, plan.cfg, out_dir)
         except (Exception, Interrupted) as err:
             if plan.launcher == ddist.SPAWN:
                 raise  # the job process sees every worker and names the first to fail
             _raise_first_stop(err, str(out_dir), placement)
             raise
+
+
+def _body(worker: WorkerFn, ctx: ddist.WorkerContext, cfg: Config, out_dir: Path) -> dict:
+    """The worker's training body; a sys.exit in it (a model's or a plugin's code) is a failure
+    of this rank. It left the process with that code, often 0, saying nothing, and the other
+    ranks then blamed it on the out-of-memory killer or a closed connection."""
+    try:
+        return worker(ctx, cfg, out_dir)
+    except SystemExit as exit_:
+        raise RuntimeError(f"rank {ctx.rank}: the training code called sys.exit({exit_.code!r}) "
+                           "before the run finished") from None
 
 
 def _raise_first_stop(err: BaseException, run: str, placement: ddist.Placement) -> None:
