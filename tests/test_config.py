@@ -125,6 +125,8 @@ def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
     (["distributed.timeout_s=0.1"], "distributed.timeout_s=0.1 must be >= 1 \\(seconds"),
     (["optim.lr=1e308"], "optim.lr=1e\\+308 is beyond what a float32 tensor holds"),
     (["optim.weight_decay=-1e39"], "optim.weight_decay=-1e\\+39 is beyond what a float32 tensor holds"),
+    (["data.std=1e-320"], "data.std=1e-320 is too small for a float32 tensor.*at least 1.18e-38 in size"),
+    (["optim.weight_decay=-1e-39"], "optim.weight_decay=-1e-39 is too small for a float32 tensor"),
     (["train.epochs=0"], "train.epochs=0 must be >= 1"),
     (["distributed.num_nodes=2", "distributed.node_id=2"], "node_id=2 but distributed.num_nodes=2"),
     (["distributed.num_nodes=2", "distributed.node_id=1"], "needs distributed.master_addr"),
@@ -145,6 +147,7 @@ def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
     (["distributed.timeout_s=1e30"], "distributed.timeout_s=1e\\+30 must be at most 604800 \\(a week"),
     (["distributed.bucket_cap_mb=1e30"], "distributed.bucket_cap_mb=1e\\+30 must be at most 1e\\+06"),
     (["train.sync_probe_steps=-1"], "train.sync_probe_steps=-1 must be >= 0"),
+    (["train.sync_probe_steps=1000000000"], "train.sync_probe_steps=1e\\+09 must be at most 1000 \\(each epoch runs 4 x"),
     (["train.threads=0"], "train.threads=0 must be >= 1"),
     (["optim.name=adamw"], "optim.name=adamw keeps the keys of another optim option; choose the option "
                            "with optim=adamw"),

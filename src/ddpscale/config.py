@@ -374,6 +374,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}={seed} does not fit in 64 bits; use a seed below 2**63")
     _at_least("train.grad_accum_steps", train.grad_accum_steps, 1, "micro-batches per step")
     _at_least("train.sync_probe_steps", train.sync_probe_steps, 0, "probe steps (0: off)")
+    _at_most("train.sync_probe_steps", train.sync_probe_steps, 1000,
+             "each epoch runs 4 x this many extra forward and backward passes; the default 3 suffices")
     if train.threads is not None:
         _at_least("train.threads", train.threads, 1, "CPU threads per worker, or null")
 
@@ -443,12 +445,14 @@ def _at_least(key: str, value: float, low: float, what: str) -> None:
 
 
 _FLOAT32_MAX = 3.4028234663852886e38
+_FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 
 def _finite(node: Any, prefix: str = "") -> None:
     """Every float key finite and within float32 (the command line accepts inf and nan):
     optim.lr=inf would train to a nan loss, distributed.timeout_s=inf would crash the
-    rendezvous, optim.lr=1e308 failed inside a worker without naming the key."""
+    rendezvous, optim.lr=1e308 failed inside a worker without naming the key, and
+    data.std=1e-320 is 0 in float32: the normalisation divided by it and trained to nan."""
     for f in dataclasses.fields(node):
         value, key = getattr(node, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
@@ -458,6 +462,9 @@ def _finite(node: Any, prefix: str = "") -> None:
         elif isinstance(value, float) and abs(value) > _FLOAT32_MAX:
             raise ConfigError(f"{key}={value:g} is beyond what a float32 tensor holds "
                               f"(at most {_FLOAT32_MAX:.3g} in size)")
+        elif isinstance(value, float) and 0 < abs(value) < _FLOAT32_TINY:
+            raise ConfigError(f"{key}={value!r} is too small for a float32 tensor, which holds it as 0 or "
+                              f"without precision; give at least {_FLOAT32_TINY:.3g} in size (or 0 where 0 is allowed)")
 
 
 def _positive(key: str, value: float) -> None:
