@@ -222,6 +222,11 @@ def test_a_run_whose_end_cannot_be_written_counts_as_failed_and_says_why(tmp_pat
     outcome = _finish(RunRecord(tmp_path / "gone"), Outcome("completed"))  # no such directory
     assert (outcome.status, outcome.exit_code, outcome.recorded) == ("failed", 1, False)
     assert f"its end could not be written to {tmp_path / 'gone' / 'run.json'}" in outcome.error
+    full = RunRecord(tmp_path)
+    full.path.with_suffix(f".tmp{os.getpid()}").symlink_to("/dev/full")
+    outcome = _finish(full, Outcome("completed"))
+    assert outcome.error == (f"its end could not be written to {full.path} (No space left on device), "
+                             "which still says running"), "the path once"
 
 
 def test_a_full_disk_is_named_and_leaves_no_temporary_file(tmp_path):
@@ -229,13 +234,14 @@ def test_a_full_disk_is_named_and_leaves_no_temporary_file(tmp_path):
     # left on device", and run.json's write left an empty run.tmpNNNN behind.
     from ddpscale.results import ResultsWriter, RunRecord
 
-    with pytest.raises(OSError, match=r"No space left on device \(writing /dev/full\)"):
+    with pytest.raises(OSError, match=r"No space left on device: '/dev/full'"):
         ResultsWriter(Path("/dev/full")).append({"epoch": 1})
     record = RunRecord(tmp_path)
     tmp = record.path.with_suffix(f".tmp{os.getpid()}")
     tmp.symlink_to("/dev/full")  # where run.json's next write goes first
-    with pytest.raises(OSError, match=f"No space left on device \\(writing {record.path}\\)"):
+    with pytest.raises(OSError, match=f"No space left on device: '{record.path}'") as raised:
         record.start()
+    assert raised.value.strerror == "No space left on device", "the name is not repeated"
     assert not list(tmp_path.iterdir())
 
 

@@ -82,13 +82,14 @@ class ResultsWriter:
 @contextlib.contextmanager
 def _naming(path: Path) -> Iterator[None]:
     """An OSError while writing `path` names it: a full disk said only "[Errno 28] No space
-    left on device", not which file of which run."""
+    left on device", not which file of which run. The name goes where Python's own errors
+    put it (`filename`), so a message built from `strerror` does not repeat it."""
     try:
         yield
     except OSError as err:
         if err.filename is not None:
             raise
-        raise OSError(err.errno, f"{err.strerror} (writing {path})") from err
+        raise OSError(err.errno, err.strerror, str(path)) from err
 
 
 def _cell(value: Any) -> Any:
