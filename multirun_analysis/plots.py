@@ -19,7 +19,7 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from .render import format_value
 from .schema import WORLD, config_keys
-from .tables import SCALING_KINDS
+from .tables import SCALING_KINDS, joined_labels, varying_keys
 
 MAX_LINES = 12  # more lines than this make a plot unreadable; the title says what is shown
 MAX_PANELS = 9  # a 3 x 3 grid of heatmaps
@@ -245,20 +245,14 @@ def _labels(frame: pd.DataFrame, keys: list[str], always=()) -> pd.Series:
     The GPUs per node follow from the world size unless the node count varies too, so
     they are named only then.
     """
-    varying = [k for k in keys if k in always or frame[k].nunique(dropna=False) > 1]
+    varying = varying_keys(frame, keys, always)
     if "num_nodes" not in varying:
         varying = [k for k in varying if k != "num_gpus"]
-    if not varying or frame.empty:
-        return pd.Series("", index=frame.index, dtype=str)
-    def joined(keys: list[str]) -> pd.Series:
-        parts = [_SHORT.get(k, k) + "=" + frame[k].map(format_value) for k in keys]
-        return pd.concat(parts, axis=1).agg(", ".join, axis=1)
-
-    labels = joined(varying)
-    if labels.str.len().max() <= _LABEL_CHARS:
+    labels = joined_labels(frame, varying, _SHORT)
+    if labels.empty or labels.str.len().max() <= _LABEL_CHARS:
         return labels
     named = _telling_apart(frame, varying, always)
-    return joined(named) + (", …" if len(named) < len(varying) else "")
+    return joined_labels(frame, named, _SHORT) + (", …" if len(named) < len(varying) else "")
 
 
 def _telling_apart(frame: pd.DataFrame, varying: list[str], always=()) -> list[str]:

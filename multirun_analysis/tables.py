@@ -120,10 +120,19 @@ def _scaling(configs: pd.DataFrame, kind: str, fixed: str) -> pd.DataFrame:
 
 def group_labels(frame: pd.DataFrame, keys: list[str], always=()) -> pd.Series:
     """A short label per row, "lr=0.1, batch_size=64", naming the keys that vary between rows."""
-    varying = [k for k in keys if k in always or frame[k].nunique(dropna=False) > 1]
-    if not varying or frame.empty:
+    return joined_labels(frame, varying_keys(frame, keys, always))
+
+
+def varying_keys(frame: pd.DataFrame, keys: list[str], always=()) -> list[str]:
+    """The keys whose values differ between rows, and those in `always`."""
+    return [k for k in keys if k in always or frame[k].nunique(dropna=False) > 1]
+
+
+def joined_labels(frame: pd.DataFrame, keys: list[str], names: dict[str, str] | None = None) -> pd.Series:
+    """ "key=value, ..." per row over `keys` (each key as `names` calls it); "" without keys."""
+    if not keys or frame.empty:
         return pd.Series("", index=frame.index, dtype=str)
-    parts = [k + "=" + frame[k].map(format_value) for k in varying]
+    parts = [(names or {}).get(k, k) + "=" + frame[k].map(format_value) for k in keys]
     return pd.concat(parts, axis=1).agg(", ".join, axis=1)
 
 
