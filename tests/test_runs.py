@@ -171,6 +171,18 @@ def test_a_worker_leaving_with_exit_code_0_unasked_fails_the_run(tmp_path):
     assert run["status"] == "failed" and "worker 0 exited with code 0 before its run finished" in run["error"]
 
 
+def test_training_that_diverges_stops_after_that_epoch_marked_failed(tmp_path):
+    # A nan loss was a completed run, exit 0, which trained on in nan to its last epoch.
+    proc = run_train(*QUICK, "distributed.num_gpus=2", "train.epochs=3", "optim.lr=1e10",
+                     f"hydra.run.dir={tmp_path}/run")
+    assert proc.returncode == 1, output(proc)
+    run = read_run(tmp_path / "run")
+    assert run["status"] == "failed"
+    assert ("training diverged in epoch 1: the weights are no longer finite (train_loss nan); "
+            "try a smaller optim.lr (it is 1e+10)") in run["error"]
+    assert [(r["epoch"], r["train_loss"]) for r in read_rows(tmp_path / "run")] == [("1", "nan")]
+
+
 def test_a_failed_job_does_not_stop_the_sweep(tmp_path):
     proc = run_train(*QUICK, "train.epochs=1", "model.name=crashing_cnn,cnn",
                      "distributed.num_gpus=2", f"hydra.sweep.dir={tmp_path}", "-m",

@@ -65,6 +65,15 @@ class EpochStats:
     val_count: int
 
 
+class Diverged(RuntimeError):
+    """Training left weights that are not finite; no later epoch can recover."""
+
+    def __init__(self, epoch: int, train_loss: float, fix: str = ""):
+        super().__init__(f"training diverged in epoch {epoch}: the weights are no longer finite "
+                         f"(train_loss {train_loss:g}){fix}")
+        self.epoch, self.train_loss = epoch, train_loss
+
+
 def sync_share(with_sync: float, without: float, micro_batches: int = 1) -> float:
     """Share of an optimizer step's time spent on gradient sync, from the time of one
     micro-batch's forward/backward with and without the all-reduce: a step runs
@@ -91,13 +100,16 @@ class Trainer:
     _graph_recorded: bool = field(default=False, init=False)
 
     def fit(self, epochs: int) -> list[EpochStats]:
-        """Train for `epochs`, evaluating and reporting after each one."""
+        """Train for `epochs`, evaluating and reporting after each one; raise `Diverged`
+        after reporting an epoch that left weights that are not finite."""
         history, elapsed = [], 0.0
         for epoch in range(1, epochs + 1):
             stats = self.train_epoch(epoch)
             elapsed += stats.epoch_time_s
             history.append(stats)
             self.reporter.epoch(stats, elapsed)
+            if not self._weights_finite():
+                raise Diverged(epoch, stats.train_loss)
         return history
 
     # ------------------------------------------------------------------ one epoch
@@ -266,6 +278,15 @@ class Trainer:
         dist.all_reduce(totals)  # sum the counts, never average per-rank averages
         loss_sum, correct, count = totals.tolist()
         return loss_sum / max(count, 1), correct / max(count, 1), int(count)
+
+    def _weights_finite(self) -> bool:
+        """Whether every rank's weights are finite: once one is nan or inf, every later step
+        is nan too, so the rest of the run would only spend time (a loss of nan or inf alone
+        can pass: fp16's gradient scaler skips such a step)."""
+        finite = torch.tensor([float(all(bool(p.isfinite().all()) for p in self.model.module.parameters()))],
+                              device=self.ctx.device)
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # every rank stops together
+        return bool(finite.item())
 
     def replica_checksum(self) -> str:
         """SHA-1 of this rank's parameters and buffers; equal on every rank when in sync."""
