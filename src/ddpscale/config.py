@@ -102,8 +102,8 @@ class DataConfig:
     """Generated data only (synthetic, or a data set of your own): standard deviation of the
     noise added to each class prototype; refused for data sets read from files."""
     seed: int = 0
-    """Generated data only: seed of the generated data set (the same on every rank); refused
-    for data sets read from files (train.seed varies shuffling and initial weights)."""
+    """Generated data only: seed of the generated data set (the same on every rank; 0..2**32-1);
+    refused for data sets read from files (train.seed varies shuffling and initial weights)."""
 
 
 # --------------------------------------------------------------------------- optim
@@ -197,7 +197,7 @@ class TrainConfig:
     epochs: int = 3
     """Passes over the training set (>= 1)."""
     seed: int = 0
-    """Seed of weights, shuffling and dropout; the same on every rank."""
+    """Seed of weights, shuffling and dropout; the same on every rank (0..2**32-1)."""
     grad_accum_steps: int = 1
     """Micro-batches per optimizer step; DDP skips the all-reduce (no_sync) on all but the last."""
     precision: str = "fp32"
@@ -370,14 +370,16 @@ def validate(cfg: Config) -> None:
     _at_least("train.epochs", train.epochs, 1, "passes over the data")
     _at_least("data.image_size", data.image_size, 1, "pixels per side")
     for key, seed in (("train.seed", train.seed), ("data.seed", data.seed)):
-        if not -2**63 <= seed < 2**63:  # torch's generators take a signed 64-bit seed
-            raise ConfigError(f"{key}={seed} does not fit in 64 bits; use a seed below 2**63")
+        if not 0 <= seed < 2**32:  # a CPU generator keeps the low 32 bits: seeds 2**32 apart were one run
+            raise ConfigError(f"{key}={seed} must be in 0..{2**32 - 1}: torch's CPU generator keeps only "
+                              "the low 32 bits of a seed, so seeds 2**32 apart would give the same run")
     _at_least("train.grad_accum_steps", train.grad_accum_steps, 1, "micro-batches per step")
     _at_least("train.sync_probe_steps", train.sync_probe_steps, 0, "probe steps (0: off)")
     _at_most("train.sync_probe_steps", train.sync_probe_steps, 1000,
              "each epoch runs 4 x this many extra forward and backward passes; the default 3 suffices")
     if train.threads is not None:
         _at_least("train.threads", train.threads, 1, "CPU threads per worker, or null")
+        _at_most("train.threads", train.threads, 4096, "CPU threads per worker; null: this machine's share")
 
     _validate_model(cfg.model, data)
     for key, allowed in _CHOICES.items():
@@ -436,7 +438,8 @@ def registered(registry: Mapping[str, Any], key: str, name: str, where: str) -> 
 
 def _at_most(key: str, value: float, high: float, what: str) -> None:
     if value > high:
-        raise ConfigError(f"{key}={value:g} must be at most {high:g} ({what})")
+        shown = f"{value:g}" if isinstance(value, float) else value  # an int in full
+        raise ConfigError(f"{key}={shown} must be at most {high:g} ({what})")
 
 
 def _at_least(key: str, value: float, low: float, what: str) -> None:
