@@ -151,32 +151,43 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
             f"{name}: no groups (no {fixed} was run at two or more world sizes with everything "
             "else alike)."
         )
-    largest = table.sort_values("world_size").drop_duplicates("group", keep="last")
-    if len(largest) == 1:
+    # Every layout at a group's largest world size (1 node x 4 GPUs and 2 nodes x 2 GPUs are
+    # both world size 4, and rarely equally fast): keeping one would hide the other.
+    largest = table[table.world_size == table.groupby("group").world_size.transform("max")]
+    if largest.group.nunique() == 1:
         row = largest.iloc[0]
+        if len(largest) == 1:
+            efficiency, speedup = f"**efficiency {row.efficiency:.2f}**", f"speedup {row.speedup:.2f}×"
+        else:  # one group, several layouts at its largest world size: each by name
+            efficiency = "**efficiency " + " and ".join(
+                f"{r.efficiency:.2f} with {layout(r)}" for r in largest.itertuples()
+            ) + "**"
+            speedup = "speedup " + " and ".join(f"{r.speedup:.2f}×" for r in largest.itertuples())
         text = (
-            f"{name}: at world size {format_value(row.world_size)}, **efficiency {row.efficiency:.2f}** "
-            f"(speedup {row.speedup:.2f}× over world size {format_value(row.baseline_world_size)}; "
-            f"ideal {row.ideal_speedup:.2f}×)"
+            f"{name}: at world size {format_value(row.world_size)}, {efficiency} "
+            f"({speedup} over {_baseline(row, table)}; ideal {row.ideal_speedup:.2f}×)"
         )
-        if pd.notna(row.grad_sync_share):
-            text += f"; gradient sync takes {row.grad_sync_share:.0%} of step time there"
-        if pd.notna(row.val_acc_change):
-            text += f"; final val_acc changes by {signed(row.val_acc_change)}"
+        shares = largest.grad_sync_share.dropna()
+        if len(shares):
+            text += f"; gradient sync takes {_span(shares, '{:.0%}'.format)} of step time there"
+        change = largest.val_acc_change.dropna()
+        if len(change):
+            text += f"; final val_acc changes by {_span(change, signed, ' to ')}"
         return text + "."
+    groups = largest.group.nunique()
     worst, best = largest.loc[largest.efficiency.idxmin()], largest.loc[largest.efficiency.idxmax()]
     low, high = f"{worst.efficiency:.2f}", f"{best.efficiency:.2f}"
     if low == high:  # "from 0.50 (W1 ...) to 0.50 (W2 ...)" says nothing the groups differ in
         text = (
-            f"{name}: across {len(largest)} groups, **efficiency at each group's largest world size** "
+            f"{name}: across {groups} groups, **efficiency at each group's largest world size** "
             f"is {low} in every group"
         )
     else:
         text = (
-            f"{name}: across {len(largest)} groups, **efficiency at each group's largest world size** "
-            f"ranges from {low} ({worst.group}: {worst.group_label}, world size "
-            f"{format_value(worst.world_size)}) to {high} ({best.group}: {best.group_label}, "
-            f"world size {format_value(best.world_size)}), median {largest.efficiency.median():.2f}"
+            f"{name}: across {groups} groups, **efficiency at each group's largest world size** "
+            f"ranges from {low} ({worst.group}: {worst.group_label}, {_world(worst, table)}) "
+            f"to {high} ({best.group}: {best.group_label}, {_world(best, table)}), "
+            f"median {largest.efficiency.median():.2f}"
         )
     shares = largest.grad_sync_share.dropna()
     if len(shares):
@@ -195,6 +206,25 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
     return text + "."
 
 
+def layout(row) -> str:
+    """A world layout in words: "2 nodes × 2 GPUs" (num_nodes × num_gpus)."""
+    return f"{_plural(int(row.num_nodes), 'node')} × {_plural(int(row.num_gpus), 'GPU')}"
+
+
+def _world(row: pd.Series, table: pd.DataFrame) -> str:
+    """ "world size 4", naming the layout when the row's group ran that size in more than one."""
+    same = table[(table.group == row.group) & (table.world_size == row.world_size)]
+    text = f"world size {format_value(row.world_size)}"
+    return text + f" ({layout(row)})" if same.num_nodes.nunique() > 1 else text
+
+
+def _baseline(row: pd.Series, table: pd.DataFrame) -> str:
+    """The world size a row's speedup is measured against, with its layout when that size
+    ran in more than one (the table takes the one with the fewest nodes)."""
+    base = table[(table.group == row.group) & (table.world_size == row.baseline_world_size)]
+    return _world(base.sort_values("num_nodes", kind="stable").iloc[0], table)
+
+
 SUPERLINEAR = 1.1  # efficiency above this is worth a warning
 
 
@@ -206,7 +236,7 @@ def _more_than_linear(scaling: pd.DataFrame) -> list[str]:
     top = high.loc[high.efficiency.idxmax()]
     return [
         f"**{_plural(len(high), 'scaling point')} above efficiency {SUPERLINEAR:.2f}** (highest: "
-        f"{top.efficiency:.2f}, {top.group} at world size {format_value(top.world_size)}): more than "
+        f"{top.efficiency:.2f}, {top.group} at {_world(top, scaling)}): more than "
         "linear is rare in data-parallel training and usually means the baseline ran slow "
         "(other load on the machine, or fewer cores than its threads); rerun the baseline alone "
         "before trusting these speedups."
@@ -270,8 +300,10 @@ def _target(table: pd.DataFrame, target: float, configs: pd.DataFrame) -> str:
 def describe(row: pd.Series, configs: pd.DataFrame) -> str:
     """A configuration in words: its world layout, batch, and the settings that vary in the sweep."""
     world = f"world size {format_value(row.world_size)}"
-    if pd.notna(row.get("num_nodes")) and row.num_nodes > 1:
-        world += f" ({format_value(row.num_nodes)} nodes × {format_value(row.num_gpus)})"
+    # The layout, when it is not plain one node, or when another layout ran at this size.
+    layouts = configs.loc[configs.world_size == row.world_size, "num_nodes"].nunique()
+    if pd.notna(row.get("num_nodes")) and (row.num_nodes > 1 or layouts > 1):
+        world += f" ({layout(row)})"
     batch = f"batch {format_value(row.batch_size)}/worker (global {format_value(row.global_batch_size)})"
     varying = [
         k

@@ -65,9 +65,11 @@ def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path) -> Path | None:
     labels = table.group + ": " + _labels(table, keys, always=(SCALING_KINDS[kind],))
     noted = set()  # (axes, x, text): groups that meet at a point (every baseline) print it once
     for i, (label, group) in enumerate(shown.groupby(labels[shown.index], sort=False)):
-        style = dict(color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker="o", label=label)
-        speed_ax.plot(group.world_size.astype(float), group.speedup, **style)
-        eff_ax.plot(group.world_size.astype(float), group.efficiency, **style)
+        for suffix, marker, points in _layouts(group):
+            style = dict(color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker=marker,
+                         label=label + suffix)
+            speed_ax.plot(points.world_size.astype(float), points.speedup, **style)
+            eff_ax.plot(points.world_size.astype(float), points.efficiency, **style)
         if total <= 3:  # few lines: print the numbers next to the points
             for x, speedup, efficiency in group[["world_size", "speedup", "efficiency"]].values:
                 for ax, value, text in ((speed_ax, speedup, f"{speedup:.2f}×"),
@@ -104,16 +106,17 @@ def plot_throughput(configs: pd.DataFrame, path: Path) -> Path | None:
     fig = _figure(10, 5.0 + 0.22 * shown.line.nunique())
     ax = fig.subplots()
     for i, (label, line) in enumerate(shown.sort_values("world_size").groupby("label", sort=False)):
-        ax.errorbar(
-            line.world_size.astype(float),
-            line.images_per_sec,
-            yerr=line.images_per_sec_std.fillna(0),
-            color=_COLORS[i % 10],
-            ls="-" if i < 10 else ":",
-            marker="o",
-            capsize=3,
-            label=label,
-        )
+        for suffix, marker, points in _layouts(line):
+            ax.errorbar(
+                points.world_size.astype(float),
+                points.images_per_sec,
+                yerr=points.images_per_sec_std.fillna(0),
+                color=_COLORS[i % 10],
+                ls="-" if i < 10 else ":",
+                marker=marker,
+                capsize=3,
+                label=label + suffix,
+            )
     _world_axis(ax, np.sort(table.world_size.unique().astype(float)))
     ax.set(ylabel="images / sec (sum over workers)", ylim=(0, None))
     ax.yaxis.set_major_formatter(lambda v, _: f"{v:,.0f}")
@@ -237,6 +240,21 @@ def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | 
     fig.suptitle("Validation accuracy, mean over seeds" + more, fontsize=13)
     _legend(fig, epoch_ax)
     return _save(fig, path)
+
+
+_LAYOUT_MARKERS = ["o", "s", "^", "D", "v", "P"]
+
+
+def _layouts(line: pd.DataFrame):
+    """(label suffix, marker, rows) per node count of one line, when the line ran a world
+    size in more than one layout (1 node x 4 GPUs and 2 nodes x 2 GPUs): joined as one
+    line they made an unlabelled vertical segment. Otherwise the whole line, unsuffixed."""
+    if not (line.groupby("world_size").num_nodes.nunique() > 1).any():
+        yield "", "o", line
+        return
+    for i, (nodes, points) in enumerate(line.groupby("num_nodes", sort=True)):
+        suffix = f", {int(nodes)} node{'' if nodes == 1 else 's'}"
+        yield suffix, _LAYOUT_MARKERS[i % len(_LAYOUT_MARKERS)], points
 
 
 def _labels(frame: pd.DataFrame, keys: list[str], always=()) -> pd.Series:

@@ -301,3 +301,53 @@ def test_short_labels_keep_every_varying_key_even_when_some_go_together():
     assert list(_labels(frame, ["lr", "global_batch_size", "world_size"])) == [
         "lr=0.02, global batch=64, ws=1", "lr=0.05, global batch=64, ws=1",
         "lr=0.02, global batch=128, ws=2", "lr=0.05, global batch=128, ws=2"]
+
+
+@pytest.fixture
+def two_layouts(tmp_path):
+    """A weak-scaling sweep that ran world size 4 as 1 node x 4 GPUs and as 2 nodes x 2 GPUs."""
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("1x1", world_size=1, images_per_sec=(1000.0,) * 3)
+    write_run("1x2", world_size=2, images_per_sec=(1800.0,) * 3)
+    write_run("1x4", world_size=4, num_nodes=1, images_per_sec=(3000.0,) * 3)
+    write_run("2x2", world_size=4, num_nodes=2, images_per_sec=(2500.0,) * 3)
+    return analyse([sweep_dir])
+
+
+def test_findings_name_each_layout_of_one_world_size(two_layouts):
+    findings = " ".join(key_findings(two_layouts))
+    assert "with world size 4 (1 node × 4 GPUs), batch 64/worker" in findings
+    assert (
+        "at world size 4, **efficiency 0.75 with 1 node × 4 GPUs and 0.62 with 2 nodes × 2 GPUs** "
+        "(speedup 3.00× and 2.50× over world size 1; ideal 4.00×)" in findings
+    )
+
+
+def test_findings_name_the_layout_of_the_best_and_worst_group(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for lr, slow in [(0.1, 2000.0), (0.01, 2500.0)]:
+        write_run(f"{lr}-1x1", lr=lr)
+        write_run(f"{lr}-1x4", lr=lr, world_size=4, images_per_sec=(3000.0,) * 3)
+        write_run(f"{lr}-2x2", lr=lr, world_size=4, num_nodes=2, images_per_sec=(slow,) * 3)
+    findings = " ".join(key_findings(analyse([sweep_dir])))
+    assert "across 2 groups" in findings
+    assert "ranges from 0.50 (W2: lr=0.1, batch_size=64, world size 4 (2 nodes × 2 GPUs))" in findings
+    assert "to 0.75 (W1: lr=0.01, batch_size=64, world size 4 (1 node × 4 GPUs))" in findings
+
+
+def test_plots_keep_node_layouts_of_one_world_size_apart(two_layouts, tmp_path, monkeypatch):
+    """One line through 1x4 and 2x2 drew an unlabelled vertical segment at world size 4."""
+    from multirun_analysis import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    plots.plot_scaling(two_layouts.scaling, "weak", tmp_path / "weak.png")
+    plots.plot_throughput(two_layouts.configs, tmp_path / "throughput.png")
+    for ax in (figures[0].axes[0], figures[1].axes[0]):
+        handles, labels = ax.get_legend_handles_labels()
+        lines = {label: getattr(h, "lines", [h])[0] for h, label in zip(handles, labels)
+                 if not label.startswith("ideal")}  # an errorbar's handle holds its line
+        assert [label.rsplit(", ", 1)[1] for label in lines] == ["1 node", "2 nodes"]
+        for label, line in lines.items():
+            xs = list(line.get_xdata())
+            assert len(xs) == len(set(xs)), f"{label} visits a world size twice"
