@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from .discover import find_run_dirs
 
 EXIT_BAD_ARGUMENT = 2  # argparse's own code for usage errors
+EXIT_CANNOT_WRITE = 2  # like an --out that cannot be created: the fix is another directory
 EXIT_NO_RUNS = 1
 
 
@@ -24,7 +26,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         epilog=(
             "Writes runs.csv, scaling.csv, accuracy.csv (and .md twins), PNG plots, report.md "
             "and a self-contained report.html. Exit status: 0 report written, 1 no runs found, "
-            "2 bad arguments (e.g. a directory that does not exist)."
+            "2 bad arguments (e.g. a directory that does not exist) or outputs that cannot be "
+            "written."
         ),
     )
     parser.add_argument(
@@ -83,7 +86,15 @@ def main(argv=None) -> int:
     from .sweep import analyse
 
     analysis = analyse(with_runs, target_acc=args.target_acc)  # the report names only these
-    report = write_report(analysis, out)
+    try:
+        report = write_report(analysis, out)
+    except OSError as exc:  # a full disk, or a file in the way (report.md as a directory)
+        print(
+            f"multirun_analysis: error: cannot write {exc.filename or out}: "
+            f"{exc.strerror or exc}; free the space or give --out a directory you can write to",
+            file=sys.stderr,
+        )
+        return EXIT_CANNOT_WRITE
     runs = analysis.runs
     print(
         f"{len(runs)} run{'' if len(runs) == 1 else 's'} found, {int(runs.included.sum())} analysed, "
@@ -112,7 +123,8 @@ def _check(args: argparse.Namespace) -> str | None:
 
 def _make_out(out: Path) -> str | None:
     """Create the output directory before the analysis runs; the error, worded with the value
-    and the fix, when it cannot be created (it lies under a file, or is not writable)."""
+    and the fix, when it cannot be created (it lies under a file, or is not writable) or
+    exists but cannot be written into."""
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -121,5 +133,13 @@ def _make_out(out: Path) -> str | None:
         return (
             f"cannot create the output directory {out}: {why}; "
             "give --out a directory that can be created"
+        )
+    try:  # mkdir is content with a directory that exists, writable or not
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        return (
+            f"cannot write into the output directory {out}: {exc.strerror or exc}; "
+            "give --out a directory you can write to"
         )
     return None

@@ -189,3 +189,56 @@ def test_ctrl_c_ends_with_a_line_not_a_traceback(tmp_path):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stdout + stderr
     assert stderr == "multirun_analysis: interrupted\n"
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nothing can be written into: mode 555, or for root (whom modes do not stop)
+    the immutable attribute."""
+    directory = tmp_path / "locked"
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        yield directory
+        directory.chmod(0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode != 0:
+        pytest.skip("running as root without chattr +i: no directory is read-only")
+    yield directory
+    subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+
+def test_out_that_cannot_be_written_is_a_clear_error(tmp_path, read_only_dir):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a")
+    result = run_cli(str(sweep_dir), "--out", str(read_only_dir))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        f"multirun_analysis: error: cannot write into the output directory {read_only_dir}: "
+    )
+    assert result.stderr.endswith("; give --out a directory you can write to\n")
+    assert result.stderr.count("\n") == 1 and not list(read_only_dir.iterdir())
+
+
+def test_default_out_that_cannot_be_written_is_a_clear_error(read_only_dir):
+    # the sweep's own analysis/ directory is the read-only one
+    sweep_dir, write_run = new_sweep(read_only_dir.parent)
+    write_run("a")
+    (sweep_dir / "analysis").symlink_to(read_only_dir)
+    result = run_cli(str(sweep_dir))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        f"multirun_analysis: error: cannot write into the output directory {sweep_dir / 'analysis'}: "
+    )
+
+
+def test_an_output_that_cannot_be_written_is_a_line_not_a_traceback(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a")
+    (tmp_path / "out" / "report.md").mkdir(parents=True)  # in the way of the file
+    result = run_cli(str(sweep_dir), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"multirun_analysis: error: cannot write {tmp_path / 'out' / 'report.md'}: Is a directory; "
+        "free the space or give --out a directory you can write to\n"
+    )
