@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from .render import (
     to_html,
     to_markdown,
 )
-from .runs import INCLUSION_RULE
+from .runs import INCLUSION_RULE, run_names
 from .schema import settings_in
 from .sweep import Analysis
 
@@ -223,18 +222,11 @@ def _accuracy_view(accuracy: pd.DataFrame) -> pd.DataFrame:
     ]
 
 
-def _run_name(path: str, base: str) -> str:
-    """A run's path below the analysed directory; its own name when that is the run itself."""
-    name = os.path.relpath(path, base)
-    return os.path.basename(path) if name == "." else name
-
-
 def _runs_view(analysis: Analysis) -> pd.DataFrame:
     """The runs table for reading: path relative to the sweep, status, varying settings, results."""
     runs = analysis.runs
-    base = os.path.commonpath([os.path.abspath(d) for d in analysis.sweep_dirs])
     return runs.assign(
-        run=runs.path.map(lambda p: _run_name(os.path.abspath(p), base)),
+        run=run_names(runs.path, analysis.sweep_dirs),
         epochs_done=runs.epochs_done.astype(str) + "/" + runs.epochs.map(format_value),
     )[
         [
@@ -246,6 +238,7 @@ def _runs_view(analysis: Analysis) -> pd.DataFrame:
             "images_per_sec",
             "final_val_acc",
             "best_val_acc",
+            *(["diverged"] if runs.diverged.any() else []),
             "problem",
         ]
     ]

@@ -9,6 +9,7 @@ the reason it was left out.
 
 from __future__ import annotations
 
+import os
 from functools import reduce
 
 import numpy as np
@@ -29,7 +30,13 @@ def summarise_runs(epochs: pd.DataFrame, runs: pd.DataFrame, target_acc: float) 
     """The runs table with per-run metrics, `included` and the reason a run is left out."""
     return (
         runs.merge(per_run_metrics(epochs, target_acc), on="run_id", how="left")
-        .assign(epochs_done=lambda d: d.epochs_done.fillna(0).astype("int64"))
+        .assign(
+            epochs_done=lambda d: d.epochs_done.fillna(0).astype("int64"),
+            # A NaN or infinite loss (optim.lr=100) is a result, not a bad file: the run is
+            # analysed, and the findings say its figures are those of a broken model.
+            diverged=lambda d: d.epochs_done.gt(0)
+            & ~(np.isfinite(d.final_train_loss) & np.isfinite(d.final_val_loss)),
+        )
         .pipe(_judge)
         .pipe(_reorder)
     )
@@ -171,3 +178,14 @@ def _join(left: pd.Series, right: pd.Series) -> pd.Series:
 
 def _k_of_n(runs: pd.DataFrame) -> pd.Series:
     return runs.epochs_done.astype(str) + " of " + runs.epochs.map(format_value) + " epochs"
+
+
+def run_names(paths: pd.Series, sweep_dirs) -> pd.Series:
+    """Each run's path below the analysed directories; its own name when that is the run itself."""
+    base = os.path.commonpath([os.path.abspath(d) for d in sweep_dirs])
+
+    def name(path: str) -> str:
+        relative = os.path.relpath(os.path.abspath(path), base)
+        return os.path.basename(os.path.abspath(path)) if relative == "." else relative
+
+    return paths.map(name)
