@@ -29,6 +29,15 @@ SCALING_TITLES = {
     "weak": "Weak scaling (per-worker batch fixed)",
     "strong": "Strong scaling (global batch fixed)",
 }
+# The plots, by the report's name for each. Every other file the report writes is written
+# every time; a plot with nothing to draw is not, and an older one of that name is removed.
+PLOTS = {
+    "weak": "scaling_weak.png",
+    "strong": "scaling_strong.png",
+    "throughput": "throughput.png",
+    "heatmap": "accuracy_heatmap.png",
+    "curves": "val_acc_curves.png",
+}
 MAX_REPORT_ROWS = 500  # the report lists at most this many runs; runs.md and runs.csv hold all
 METHOD = (
     "Throughput of a run is the median images/sec (summed over workers) over its epochs after "
@@ -62,12 +71,15 @@ def write_report(analysis: Analysis, out: Path) -> Path:
         text = f"# {title}\n\n{_shared_settings(table)}\n\n{body}\n"
         (out / f"{name}.md").write_text(text, encoding="utf-8")
     images = {
-        "weak": plots.plot_scaling(analysis.scaling, "weak", out / "scaling_weak.png"),
-        "strong": plots.plot_scaling(analysis.scaling, "strong", out / "scaling_strong.png"),
-        "throughput": plots.plot_throughput(analysis.configs, out / "throughput.png"),
-        "heatmap": plots.plot_accuracy_heatmap(analysis.configs, out / "accuracy_heatmap.png"),
-        "curves": plots.plot_curves(analysis.epochs, analysis.runs, out / "val_acc_curves.png"),
+        "weak": plots.plot_scaling(analysis.scaling, "weak", out / PLOTS["weak"]),
+        "strong": plots.plot_scaling(analysis.scaling, "strong", out / PLOTS["strong"]),
+        "throughput": plots.plot_throughput(analysis.configs, out / PLOTS["throughput"]),
+        "heatmap": plots.plot_accuracy_heatmap(analysis.configs, out / PLOTS["heatmap"]),
+        "curves": plots.plot_curves(analysis.epochs, analysis.runs, out / PLOTS["curves"]),
     }
+    for name, image in images.items():
+        if image is None:  # an earlier analysis's plot must not pass for this one's
+            (out / PLOTS[name]).unlink(missing_ok=True)
     blocks = [
         *_opening(analysis),
         *_scaling_section(analysis, views["scaling"], images),

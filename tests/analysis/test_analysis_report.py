@@ -378,3 +378,19 @@ def test_diverged_runs_are_named_in_the_findings_and_keep_their_throughput(tmp_p
     write_report(analysis, tmp_path / "out")
     runs_md = (tmp_path / "out" / "runs.md").read_text()
     assert "| diverged |" in runs_md.splitlines()[4] and "| yes |" in runs_md
+
+
+def test_a_reused_out_loses_the_plots_this_analysis_did_not_draw(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("ws1")
+    write_run("ws2", world_size=2, images_per_sec=(1800.0,) * 3)
+    out = tmp_path / "out"
+    write_report(analyse([sweep_dir]), out)
+    assert (out / "scaling_weak.png").is_file()
+    (out / "notes.txt").write_text("mine\n")
+    (out / "scaling_weak_v1.png").write_bytes(b"mine")
+    write_report(analyse([sweep_dir / "ws1"]), out)  # one world size: no scaling plot
+    assert not (out / "scaling_weak.png").exists()
+    assert (out / "throughput.png").is_file()
+    assert (out / "notes.txt").read_text() == "mine\n"  # not the analysis's to remove
+    assert (out / "scaling_weak_v1.png").read_bytes() == b"mine"
