@@ -68,7 +68,8 @@ def write_report(analysis: Analysis, out: Path) -> Path:
     ):
         table.to_csv(out / f"{name}.csv", index=False)
         body = markdown_table(format_frame(views[name]))
-        text = f"# {title}\n\n{_shared_settings(table)}\n\n{body}\n"
+        values = _run_values(table) if name == "runs" and not table.included.all() else None
+        text = f"# {title}\n\n{_shared_settings(table, values)}\n\n{body}\n"
         (out / f"{name}.md").write_text(text, encoding="utf-8")
     images = {
         "weak": plots.plot_scaling(analysis.scaling, "weak", out / PLOTS["weak"]),
@@ -177,24 +178,50 @@ def _title(analysis: Analysis) -> str:
     return f"Scaling report: {names}"
 
 
-def _varying(frame: pd.DataFrame, columns) -> list[str]:
+def _varying(frame: pd.DataFrame, columns, values=None) -> list[str]:
     """The columns whose value differs between rows, dropping the GPUs-per-node column when
-    it only restates the world size (one node count throughout)."""
-    varying = [c for c in columns if c in frame and frame[c].nunique(dropna=False) > 1]
+    it only restates the world size (one node count throughout). `values(column)` gives the
+    values that count (default: the whole column)."""
+    values = values or frame.get
+    varying = [c for c in columns if c in frame and values(c).nunique(dropna=False) > 1]
     if "num_nodes" not in varying:
         varying = [c for c in varying if c != "num_gpus"]
     return varying
 
 
-def _shared_settings(frame: pd.DataFrame) -> str:
-    """One sentence naming the settings every row shares (the tables show only the rest)."""
+def _shared_settings(frame: pd.DataFrame, values=None) -> str:
+    """One sentence naming the settings every row shares (the tables show only the rest);
+    `values` as in _varying, when they leave out some rows' unresolved values."""
+    rows = "every row" if values is None else "every run that resolved them"
+    values = values or frame.get
     shared = [
-        c for c in settings_in(frame.columns) if c != "seed" and frame[c].nunique(dropna=False) == 1
+        c for c in settings_in(frame.columns) if c != "seed" and values(c).nunique(dropna=False) == 1
     ]
     if frame.empty or not shared:
         return ""
-    values = ", ".join(f"{c}=`{format_value(frame[c].iloc[0])}`" for c in shared)
-    return f"Shared by every row: {values}."
+    text = ", ".join(f"{c}=`{format_value(values(c).iloc[0])}`" for c in shared)
+    return f"Shared by {rows}: {text}."
+
+
+UNRESOLVED = "auto"  # run.json's backend, device and comm_hook before a run resolves them
+
+
+def _run_values(runs: pd.DataFrame):
+    """values(column) for the runs table's varying and shared settings: when some runs were
+    analysed, a run left out counts only with the values it resolved. One that failed before
+    its first epoch has no results.csv, so run.json's `auto` backend and device, and nothing
+    for precision, data loader, ..., stand in its row: they differ from the analysed runs'
+    values without being another setting (its lr=100 still counts)."""
+    if not runs.included.any():
+        return runs.get
+    analysed, left_out = runs[runs.included], runs[~runs.included]
+
+    def values(column: str) -> pd.Series:
+        other = left_out[column]
+        resolved = other[other.notna() & other.ne(UNRESOLVED)]
+        return pd.concat([analysed[column], resolved]) if len(resolved) else analysed[column]
+
+    return values
 
 
 def _scaling_view(scaling: pd.DataFrame) -> pd.DataFrame:
@@ -245,7 +272,7 @@ def _runs_view(analysis: Analysis) -> pd.DataFrame:
             "run",
             "status",
             "included",
-            *_varying(runs, settings_in(runs.columns)),
+            *_varying(runs, settings_in(runs.columns), _run_values(runs)),
             "epochs_done",
             "images_per_sec",
             "final_val_acc",

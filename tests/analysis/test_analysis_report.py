@@ -394,3 +394,25 @@ def test_a_reused_out_loses_the_plots_this_analysis_did_not_draw(tmp_path):
     assert (out / "throughput.png").is_file()
     assert (out / "notes.txt").read_text() == "mine\n"  # not the analysis's to remove
     assert (out / "scaling_weak_v1.png").read_bytes() == b"mine"
+
+
+def test_a_run_that_failed_before_an_epoch_adds_no_setting_columns(tmp_path):
+    """Its run.json says backend=auto and it has no results.csv for precision, grad_accum_steps,
+    ...: that is no other setting, so the Runs table keeps its columns to what varies."""
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for world_size in (1, 2):
+        write_run(f"ws{world_size}", world_size=world_size, columns=[*COLUMNS, "grad_accum_steps"])
+    for name, lr in [("early", 0.1), ("lr100", 100.0)]:
+        write_run_json(sweep_dir / name, status="failed", error="ValueError: no", rows=[
+            {"lr": lr, "num_gpus": 2, "world_size": 2}],
+            config={"distributed": {"backend": "auto", "device": "auto"}})
+    analysis = analyse([sweep_dir])
+    assert set(analysis.runs.backend.fillna("?")) == {"gloo", "auto"}  # as found
+    write_report(analysis, tmp_path / "out")
+    runs_md = (tmp_path / "out" / "runs.md").read_text().splitlines()
+    header = [c.strip() for c in runs_md[4].strip("|").split("|")]
+    assert header[:7] == ["run", "status", "included", "lr", "global_batch_size", "world_size",
+                          "epochs_done"]
+    assert not {"backend", "device", "grad_accum_steps"} & set(header)
+    assert "backend=`gloo`, device=`cpu`, grad_accum_steps=`1`" in runs_md[2]
+    assert runs_md[2].startswith("Shared by every run that resolved them:")
