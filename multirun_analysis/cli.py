@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .discover import find_run_dirs
+from .discover import distinct_sweeps, find_run_dirs
 
 EXIT_BAD_ARGUMENT = 2  # argparse's own code for usage errors
 EXIT_CANNOT_WRITE = 2  # like an --out that cannot be created: the fix is another directory
@@ -62,7 +62,8 @@ def main(argv=None) -> int:
         return EXIT_BAD_ARGUMENT
     # pandas and matplotlib load only once there is something to analyse, so that
     # mistakes in the arguments are answered at once.
-    empty = [sweep for sweep in args.sweep_dirs if not find_run_dirs(sweep)]
+    found = [find_run_dirs(sweep) for sweep in args.sweep_dirs]
+    empty = [sweep for sweep, runs in zip(args.sweep_dirs, found) if not runs]
     if len(empty) == len(args.sweep_dirs):
         print(
             f"multirun_analysis: error: no runs found under {', '.join(map(str, empty))} "
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
             "analysing the other directories",
             file=sys.stderr,
         )
-    with_runs = [sweep for sweep in args.sweep_dirs if sweep not in empty]
+    with_runs = [sweep for sweep, runs in zip(args.sweep_dirs, found) if runs]
     out = args.out or with_runs[0] / "analysis"  # by default beside the runs
     problem = _make_out(out)
     if problem:
@@ -85,7 +86,9 @@ def main(argv=None) -> int:
     from .report import write_report
     from .sweep import analyse
 
-    analysis = analyse(with_runs, target_acc=args.target_acc)  # the report names only these
+    # the report names only these: each once, and not s5/0 beside s5
+    named = distinct_sweeps(with_runs, [runs for runs in found if runs])
+    analysis = analyse(named, target_acc=args.target_acc)
     try:
         report = write_report(analysis, out)
     except OSError as exc:  # a full disk, or a file in the way (report.md as a directory)

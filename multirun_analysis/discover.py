@@ -35,3 +35,22 @@ def find_run_dirs(sweep_dir: str | os.PathLike) -> list[str]:
                     seen_links.add(target)
                     stack.append(entry.path)
     return sorted(found)
+
+
+def distinct_sweeps(sweeps: list, runs_under: list[list[str]]) -> list:
+    """The sweeps worth naming, in order: each directory once (by its resolved path), and
+    none that lies inside another given one without adding a run to it (`s5 s5/ s5/0` is
+    s5). `runs_under[i]` is find_run_dirs(sweeps[i])."""
+    resolved = [os.path.realpath(sweep) for sweep in sweeps]
+    runs = [{os.path.realpath(run) for run in found} for found in runs_under]
+    first = [resolved.index(path) for path in resolved]  # of each resolved path
+
+    def covered(i: int) -> bool:
+        return any(
+            resolved[j] != resolved[i]
+            and os.path.commonpath([resolved[i], resolved[j]]) == resolved[j]
+            and runs[i] <= runs[j]
+            for j in range(len(sweeps))
+        )
+
+    return [sweep for i, sweep in enumerate(sweeps) if first[i] == i and not covered(i)]

@@ -242,3 +242,23 @@ def test_an_output_that_cannot_be_written_is_a_line_not_a_traceback(tmp_path):
         f"multirun_analysis: error: cannot write {tmp_path / 'out' / 'report.md'}: Is a directory; "
         "free the space or give --out a directory you can write to\n"
     )
+
+
+def test_a_directory_given_twice_or_inside_another_is_named_once(two_sweeps):
+    a, _ = two_sweeps
+    result = run_cli(str(a), f"{a}/", str(a / "1"))
+    assert result.returncode == 0, result.stderr
+    assert "2 runs found" in result.stdout
+    report = (a / "analysis" / "report.md").read_text()
+    assert report.startswith("# Scaling report: a\n")
+    assert f"Sweep: `{a}` ·" in report
+
+
+def test_a_directory_inside_another_that_adds_runs_is_named(tmp_path):
+    from multirun_analysis.discover import distinct_sweeps, find_run_dirs
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a/1")
+    write_run("a/.old/2")  # hidden folders are not searched, so a/.old adds a run to a
+    sweeps = [sweep_dir / "a", sweep_dir / "a" / ".old", sweep_dir / "a" / "1"]
+    assert distinct_sweeps(sweeps, [find_run_dirs(s) for s in sweeps]) == sweeps[:2]
