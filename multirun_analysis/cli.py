@@ -128,6 +128,11 @@ def _make_out(out: Path) -> str | None:
     """Create the output directory before the analysis runs; the error, worded with the value
     and the fix, when it cannot be created (it lies under a file, or is not writable) or
     exists but cannot be written into."""
+    if out.exists() and not out.is_dir():  # the default out; _check answers for --out
+        return (
+            f"the output directory {out} is a file; move it away, or give --out a directory "
+            "(it is created when missing)"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -262,3 +262,16 @@ def test_a_directory_inside_another_that_adds_runs_is_named(tmp_path):
     write_run("a/.old/2")  # hidden folders are not searched, so a/.old adds a run to a
     sweeps = [sweep_dir / "a", sweep_dir / "a" / ".old", sweep_dir / "a" / "1"]
     assert distinct_sweeps(sweeps, [find_run_dirs(s) for s in sweeps]) == sweeps[:2]
+
+
+def test_default_out_that_is_a_file_is_a_clear_error(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a")
+    (sweep_dir / "analysis").write_text("mine\n")
+    result = run_cli(str(sweep_dir))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"multirun_analysis: error: the output directory {sweep_dir / 'analysis'} is a file; "
+        "move it away, or give --out a directory (it is created when missing)\n"
+    )
+    assert (sweep_dir / "analysis").read_text() == "mine\n"
