@@ -158,13 +158,21 @@ def _best_throughput(configs: pd.DataFrame) -> str:
 def _scaling(scaling: pd.DataFrame, configs: pd.DataFrame) -> list[str]:
     """Efficiency and accuracy change at each group's largest world size, per scaling kind."""
     if scaling.empty:
-        sizes = configs.world_size.dropna().unique()
-        if len(sizes) == 1:
-            return [
-                f"**Nothing to scale:** every analysed run used world size {format_value(sizes[0])}."
-            ]
-        return ["**No scaling groups:** no two analysed configurations differ only in world size."]
+        why = no_scaling_reason(configs)
+        if why.startswith("every"):
+            return [f"**Nothing to scale:** {why}."]
+        return [f"**No scaling groups:** {why}."]
     return [_kind_sentence(kind, scaling[scaling.scaling == kind]) for kind in SCALING_KINDS]
+
+
+def no_scaling_reason(configs: pd.DataFrame) -> str:
+    """Why a sweep has no scaling group, as a clause."""
+    sizes = configs.world_size.dropna().unique()
+    if len(sizes) == 0:
+        return "no run could be analysed"
+    if len(sizes) == 1:
+        return f"every analysed run used world size {format_value(sizes[0])}"
+    return "no two analysed configurations differ only in world size"
 
 
 def _kind_sentence(kind: str, table: pd.DataFrame) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import plots
-from .findings import key_findings
+from .findings import key_findings, no_scaling_reason
 from .render import (
     Bullets,
     Heading,
@@ -68,8 +68,12 @@ def write_report(analysis: Analysis, out: Path) -> Path:
     ):
         table.to_csv(out / f"{name}.csv", index=False)
         body = markdown_table(format_frame(views[name]))
+        if table.empty:  # a header row alone says nothing; say why there are no rows
+            why = no_scaling_reason(analysis.configs) if name == "scaling" else "no run could be analysed"
+            body = f"No rows: {why}."
         values = _run_values(table) if name == "runs" and not table.included.all() else None
-        text = f"# {title}\n\n{_shared_settings(table, values)}\n\n{body}\n"
+        parts = [f"# {title}", _shared_settings(table, values), body]
+        text = "\n\n".join(part for part in parts if part) + "\n"
         (out / f"{name}.md").write_text(text, encoding="utf-8")
     images = {
         "weak": plots.plot_scaling(analysis.scaling, "weak", out / PLOTS["weak"]),

@@ -416,3 +416,14 @@ def test_a_run_that_failed_before_an_epoch_adds_no_setting_columns(tmp_path):
     assert not {"backend", "device", "grad_accum_steps"} & set(header)
     assert "backend=`gloo`, device=`cpu`, grad_accum_steps=`1`" in runs_md[2]
     assert runs_md[2].startswith("Shared by every run that resolved them:")
+
+
+def test_an_empty_scaling_table_says_why(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("ws1")
+    write_run("ws1-lr", lr=0.01)
+    write_report(analyse([sweep_dir]), tmp_path / "out")
+    scaling_md = (tmp_path / "out" / "scaling.md").read_text()
+    assert scaling_md == "# Scaling\n\nNo rows: every analysed run used world size 1.\n"
+    assert "**Nothing to scale:** every analysed run used world size 1." in (
+        tmp_path / "out" / "report.md").read_text()
