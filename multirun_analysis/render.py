@@ -67,8 +67,53 @@ def signed(value: float, digits: int = 3) -> str:
 
 
 def format_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """Every cell as display text: accuracies to 3 decimals, throughput with separators, '–' for missing."""
-    return frame.apply(lambda column: column.map(lambda v, name=column.name: format_cell(name, v)))
+    """Every cell as display text: accuracies to 3 decimals, throughput with separators, '–' for
+    missing; a column of other numbers in one format (see _column_number)."""
+    return frame.apply(
+        lambda column: column.map(
+            lambda v, name=column.name, form=_column_number(column): (
+                form(v) if form and _is_number(v) else format_cell(name, v)
+            )
+        )
+    )
+
+
+def _is_number(value) -> bool:
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, (bool, np.bool_))
+        and math.isfinite(value)
+    )
+
+
+def _column_number(column: pd.Series):
+    """One format for a whole column of measurements, or None where format_cell decides cell by
+    cell (named formats, settings). Chosen value by value, an exact 1246 printed as "1246"
+    beside "1,681", and 4.995 as "5" beside "4.34"."""
+    name = column.name
+    if (
+        not isinstance(name, str)
+        or name in _FIXED
+        or name == "lr"
+        or "." in name  # a config key's setting: 1e-05 stays 1e-05, as format_value writes it
+        or name.endswith(("_acc", "_acc_std"))
+        or not pd.api.types.is_numeric_dtype(column)
+        or pd.api.types.is_bool_dtype(column)
+    ):
+        return None
+    values = column[column.map(_is_number)].astype(float)
+    if values.empty:
+        return None
+    largest = values.abs().max()
+    if (values % 1 == 0).all():
+        return (lambda v: f"{int(v):,}") if largest >= 10_000 else (lambda v: str(int(v)))
+    if largest >= 1000:
+        return lambda v: f"{v:,.0f}"
+    if largest >= 10:
+        return lambda v: f"{v:.1f}"
+    # three significant digits of the largest value, and as many decimals for the rest
+    decimals = min(8, max(0, 2 - math.floor(math.log10(largest))))
+    return lambda v: f"{v:.{decimals}f}"
 
 
 def format_cell(name: str, value) -> str:

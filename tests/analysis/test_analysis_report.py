@@ -427,3 +427,23 @@ def test_an_empty_scaling_table_says_why(tmp_path):
     assert scaling_md == "# Scaling\n\nNo rows: every analysed run used world size 1.\n"
     assert "**Nothing to scale:** every analysed run used world size 1." in (
         tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_column_of_numbers_reads_in_one_format():
+    """An exact 1246 printed "1246" beside "1,681", and 4.995 printed "5" beside "4.34"."""
+    from multirun_analysis.render import format_frame
+
+    frame = pd.DataFrame({
+        "images_per_sec": [1246.0, 1681.3, float("nan")],
+        "epoch_time_s": [4.995, 4.34, 0.5],
+        "global_batch_size": pd.array([64, 128, 16384], dtype="Int64"),
+        "n_runs": [1, 2, 3],
+        "final_val_acc": [0.9, 0.91234, 0.5],
+    })
+    assert format_frame(frame).to_dict("list") == {
+        "images_per_sec": ["1,246", "1,681", "–"],
+        "epoch_time_s": ["5.00", "4.34", "0.50"],
+        "global_batch_size": ["64", "128", "16,384"],
+        "n_runs": ["1", "2", "3"],
+        "final_val_acc": ["0.900", "0.912", "0.500"],
+    }
