@@ -41,8 +41,9 @@ _TITLES = {
 }
 
 
-def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path) -> Path | None:
-    """Speedup (with the ideal line) and efficiency against world size, one line per group."""
+def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path, palette=None) -> Path | None:
+    """Speedup (with the ideal line) and efficiency against world size, one line per group;
+    `palette` (line_palette, for weak scaling) colours a group as the throughput plot does."""
     table = scaling[scaling.scaling == kind]
     if table.empty:
         return None
@@ -65,6 +66,7 @@ def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path) -> Path | None:
     labels = table.group + ": " + _labels(table, keys, always=(SCALING_KINDS[kind],))
     noted = set()  # (axes, x, text): groups that meet at a point (every baseline) print it once
     for i, (label, group) in enumerate(shown.groupby(labels[shown.index], sort=False)):
+        i = palette[_line_key(group).iloc[0]] if palette else i
         for suffix, marker, points in _layouts(group):
             style = dict(color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker=marker,
                          label=label + suffix)
@@ -98,6 +100,7 @@ def plot_throughput(configs: pd.DataFrame, path: Path) -> Path | None:
     if configs.empty or configs.images_per_sec.isna().all():
         return None
     keys = [k for k in config_keys(configs.columns) if k not in (*WORLD, "global_batch_size")]
+    palette = line_palette(configs)
     table = configs.assign(
         line=lambda d: d.groupby(keys, dropna=False).ngroup(),
         label=lambda d: _labels(d, keys, always=("batch_size",)),
@@ -105,7 +108,8 @@ def plot_throughput(configs: pd.DataFrame, path: Path) -> Path | None:
     shown, total = _top_groups(table, "line")
     fig = _figure(10, 5.0 + 0.22 * shown.line.nunique())
     ax = fig.subplots()
-    for i, (label, line) in enumerate(shown.sort_values("world_size").groupby("label", sort=False)):
+    for label, line in shown.sort_values("world_size").groupby("label", sort=False):
+        i = palette[_line_key(line).iloc[0]]
         for suffix, marker, points in _layouts(line):
             ax.errorbar(
                 points.world_size.astype(float),
@@ -240,6 +244,20 @@ def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | 
     fig.suptitle("Validation accuracy, mean over seeds" + more, fontsize=13)
     _legend(fig, epoch_ax)
     return _save(fig, path)
+
+
+def line_palette(configs: pd.DataFrame) -> dict[str, int]:
+    """A colour number per throughput line (a configuration but for its world layout), in the
+    order the throughput plot meets them: the weak-scaling plot, whose groups are such lines,
+    colours each group the same."""
+    keys = _line_key(configs.sort_values("world_size", kind="stable")).drop_duplicates()
+    return {key: i for i, key in enumerate(keys)}
+
+
+def _line_key(frame: pd.DataFrame) -> pd.Series:
+    """Each row's settings but the world layout and global batch, as text."""
+    keys = [k for k in config_keys(frame.columns) if k not in (*WORLD, "global_batch_size")]
+    return joined_labels(frame, keys)
 
 
 _LAYOUT_MARKERS = ["o", "s", "^", "D", "v", "P"]

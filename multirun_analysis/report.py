@@ -76,7 +76,9 @@ def write_report(analysis: Analysis, out: Path) -> Path:
         text = "\n\n".join(part for part in parts if part) + "\n"
         (out / f"{name}.md").write_text(text, encoding="utf-8")
     images = {
-        "weak": plots.plot_scaling(analysis.scaling, "weak", out / PLOTS["weak"]),
+        "weak": plots.plot_scaling(
+            analysis.scaling, "weak", out / PLOTS["weak"], plots.line_palette(analysis.configs)
+        ),
         "strong": plots.plot_scaling(analysis.scaling, "strong", out / PLOTS["strong"]),
         "throughput": plots.plot_throughput(analysis.configs, out / PLOTS["throughput"]),
         "heatmap": plots.plot_accuracy_heatmap(analysis.configs, out / PLOTS["heatmap"]),

@@ -447,3 +447,27 @@ def test_a_column_of_numbers_reads_in_one_format():
         "n_runs": ["1", "2", "3"],
         "final_val_acc": ["0.900", "0.912", "0.500"],
     }
+
+
+def test_a_configuration_has_one_colour_in_the_weak_scaling_and_throughput_plots(tmp_path, monkeypatch):
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("lr0.001", lr=0.001)  # one world size: a throughput line, no scaling group
+    for lr in (0.1, 0.01):
+        write_run(f"lr{lr}-1", lr=lr)
+        write_run(f"lr{lr}-2", lr=lr, world_size=2, images_per_sec=(1800.0,) * 3)
+    analysis = analyse([sweep_dir])
+    figures, save = [], plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or save(fig, path))
+    write_report(analysis, tmp_path / "out")
+    weak_fig, throughput_fig = figures[:2]
+
+    def colours(ax) -> dict:
+        handles, labels = ax.get_legend_handles_labels()
+        return {label.split("lr=")[1].split(",")[0]: getattr(h, "lines", [h])[0].get_color()
+                for h, label in zip(handles, labels) if "lr=" in label}
+
+    weak, throughput = colours(weak_fig.axes[0]), colours(throughput_fig.axes[0])
+    assert set(weak) == {"0.1", "0.01"} and len(throughput) == 3
+    assert all(weak[lr] == throughput[lr] for lr in weak)
