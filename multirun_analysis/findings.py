@@ -189,7 +189,8 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
     if largest.group.nunique() == 1:
         row = largest.iloc[0]
         if len(largest) == 1:
-            efficiency, speedup = f"**efficiency {row.efficiency:.2f}**", f"speedup {row.speedup:.2f}×"
+            efficiency = f"**efficiency {row.efficiency:.2f}**"
+            speedup = f"speedup {row.speedup:.2f}×"
         else:  # one group, several layouts at its largest world size: each by name
             efficiency = "**efficiency " + " and ".join(
                 f"{r.efficiency:.2f} with {layout(r)}" for r in largest.itertuples()

@@ -88,8 +88,8 @@ def _is_number(value) -> bool:
 
 def _column_number(column: pd.Series):
     """One format for a whole column of measurements, or None where format_cell decides cell by
-    cell (named formats, settings). Chosen value by value, an exact 1246 printed as "1246"
-    beside "1,681", and 4.995 as "5" beside "4.34"."""
+    cell (named formats, settings). Formats chosen cell by cell printed an exact 1246 as
+    "1246" beside "1,681", and 4.995 as "5" beside "4.34"."""
     name = column.name
     if (
         not isinstance(name, str)

@@ -69,8 +69,8 @@ def write_report(analysis: Analysis, out: Path) -> Path:
         table.to_csv(out / f"{name}.csv", index=False)
         body = markdown_table(format_frame(views[name]))
         if table.empty:  # a header row alone says nothing; say why there are no rows
-            why = no_scaling_reason(analysis.configs) if name == "scaling" else "no run could be analysed"
-            body = f"No rows: {why}."
+            why = "no run could be analysed"
+            body = f"No rows: {no_scaling_reason(analysis.configs) if name == 'scaling' else why}."
         values = _run_values(table) if name == "runs" and not table.included.all() else None
         parts = [f"# {title}", _shared_settings(table, values), body]
         text = "\n\n".join(part for part in parts if part) + "\n"
