@@ -200,9 +200,7 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
             f"{name}: at world size {format_value(row.world_size)}, {efficiency} "
             f"({speedup} over {_baseline(row, table)}; ideal {row.ideal_speedup:.2f}×)"
         )
-        shares = largest.grad_sync_share.dropna()
-        if len(shares):
-            text += f"; gradient sync takes {_span(shares, '{:.0%}'.format)} of step time there"
+        text += _sync_share(largest)
         change = largest.val_acc_change.dropna()
         if len(change):
             text += f"; final val_acc changes by {_span(change, signed, ' to ')}"
@@ -222,9 +220,7 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
             f"to {high} ({best.group}: {best.group_label}, {_world(best, table)}), "
             f"median {largest.efficiency.median():.2f}"
         )
-    shares = largest.grad_sync_share.dropna()
-    if len(shares):
-        text += f"; gradient sync takes {_span(shares, '{:.0%}'.format)} of step time there"
+    text += _sync_share(largest)
     change = largest.val_acc_change.dropna()
     if len(change):
         span = _span(change, signed, " to ")
@@ -237,6 +233,12 @@ def _kind_sentence(kind: str, table: pd.DataFrame) -> str:
         if " to " in span:
             text += f" (mean {signed(change.mean())})"
     return text + "."
+
+
+def _sync_share(largest: pd.DataFrame) -> str:
+    """"; gradient sync takes 12% of step time there" (a span over several rows), or ""."""
+    shares = largest.grad_sync_share.dropna()
+    return f"; gradient sync takes {_span(shares, '{:.0%}'.format)} of step time there" if len(shares) else ""
 
 
 def layout(row) -> str:
