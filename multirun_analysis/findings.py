@@ -5,7 +5,6 @@ from __future__ import annotations
 import pandas as pd
 
 from .render import format_value, signed
-from .runs import run_names
 from .schema import WORLD, config_keys
 from .sweep import Analysis
 from .tables import SCALING_KINDS
@@ -28,7 +27,6 @@ def key_findings(analysis: Analysis) -> list[str]:
         _counts(analysis.runs),
         *_overlapping(analysis.runs),
         *_crowded(analysis.runs),
-        *_diverged(analysis.runs, analysis.sweep_dirs),
         _best_throughput(analysis.configs),
         *_scaling(analysis.scaling, analysis.configs),
         *_more_than_linear(analysis.scaling),
@@ -121,28 +119,6 @@ def _crowded(runs: pd.DataFrame) -> list[str]:
         f"{int(first.num_gpus)} workers on {int(first.usable_cores)} cores): past the core "
         "count more workers cannot raise throughput, so speedup and efficiency there measure "
         "the crowded machine, not the scaling of training."
-    ]
-
-
-MAX_NAMED = 5  # a finding names at most this many runs; runs.csv marks them all
-
-
-def _diverged(runs: pd.DataFrame, sweep_dirs) -> list[str]:
-    """Analysed runs whose final loss is NaN or infinite (optim.lr=100): their accuracy is a
-    broken model's; their throughput stands, since a step costs the same whatever the loss."""
-    diverged = runs[runs.included & runs.diverged]
-    if diverged.empty:
-        return []
-    names = run_names(diverged.path, sweep_dirs).tolist()
-    listed = ", ".join(names[:MAX_NAMED])
-    if len(names) > MAX_NAMED:
-        listed += f" and {len(names) - MAX_NAMED:,} more (runs.csv: diverged)"
-    its = "its" if len(names) == 1 else "their"
-    return [
-        f"**{_plural(len(names), 'run')} diverged** (non-finite final loss: {listed}): "
-        f"{its} accuracy figures are a broken model's, so read the accuracy of {its} "
-        f"configuration{'' if len(names) == 1 else 's'} with that in mind; {its} throughput "
-        "stays in the scaling tables, since a step costs the same whatever the loss."
     ]
 
 

@@ -283,7 +283,6 @@ def _runs_view(analysis: Analysis) -> pd.DataFrame:
             "images_per_sec",
             "final_val_acc",
             "best_val_acc",
-            *(["diverged"] if runs.diverged.any() else []),
             "problem",
         ]
     ]
