@@ -242,6 +242,29 @@ def test_under_torchrun_rank_0_records_the_rank_that_failed_first(tmp_path, node
     assert 'raise RuntimeError(f"injected failure on rank {rank}")' in run["traceback"]
 
 
+def test_torchrun_ranks_given_different_settings_stop_naming_them(tmp_path):
+    # Node 1's rank trained with its own lr, silently: replicas apart, results.csv saying rank 0's.
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [*TORCHRUN, "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+             "--master-addr=127.0.0.1", f"--master-port={port}", str(REPO / "train.py"), *QUICK,
+             f"optim.lr={0.05 if rank == 0 else 0.02}", f"hydra.run.dir={tmp_path}/run{rank}"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
+        for rank in range(2)
+    ]
+    logs = [n.communicate(timeout=120)[0] for n in nodes]
+    assert all(n.returncode != 0 for n in nodes), logs
+    said = ("the ranks were given different settings: optim.lr (rank 0: 0.05, rank 1: 0.02); "
+            "give every rank the same overrides")
+    assert all(said in log for log in logs), logs
+    run = read_run(tmp_path / "run0")
+    assert (run["status"], run["error"]) == ("failed", said)
+    assert not (tmp_path / "run0" / "results.csv").exists()
+
+
 def test_ctrl_c_on_another_node_is_recorded_as_interrupted_not_failed(tmp_path):
     """Node 1's rank stops on SIGINT; rank 0 on node 0 then loses its gloo connection. Its
     run.json must say interrupted, by whom, not "failed: Connection closed by peer"."""

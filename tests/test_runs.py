@@ -78,6 +78,26 @@ def test_nodes_given_different_num_gpus_both_stop_at_once_naming_the_key(tmp_pat
     assert said in read_run(tmp_path / "node0")["error"]
 
 
+def test_nodes_given_different_settings_stop_before_training_naming_them(tmp_path):
+    # Another optim.lr trained on silently; other epochs left node 0 waiting out timeout_s.
+    common = [*QUICK, "distributed.num_nodes=2", "distributed.num_gpus=1", "distributed.master_addr=127.0.0.1",
+              f"distributed.master_port={free_port()}"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "train.py", *common, f"distributed.node_id={k}", f"optim.lr={(0.05, 0.02)[k]}",
+             f"train.epochs={2 - k}", f"data.root={tmp_path}/data{k}", f"hydra.run.dir={tmp_path}/node{k}"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for k in (1, 0)
+    ]
+    logs = [n.communicate(timeout=120)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [2, 2], logs
+    said = ("the nodes were given different settings: optim.lr (node 0: 0.05, node 1: 0.02), train.epochs "
+            "(node 0: 2, node 1: 1); give every node the same overrides (only distributed.node_id differs)")
+    assert all(said in log for log in logs) and not any("starting" in log for log in logs), logs
+    assert read_run(tmp_path / "node0")["error"] == said  # data.root is each node's own: not named
+
+
 def test_a_joining_node_waits_for_this_jobs_store_not_the_previous_one():
     # In a sweep with a fixed master_port, node 0 may still be closing the last job's store
     # (every node has read it) when node 1 starts the next job's check.
@@ -85,16 +105,17 @@ def test_a_joining_node_waits_for_this_jobs_store_not_the_previous_one():
     node1 = DistributedConfig(num_gpus=1, num_nodes=2, node_id=1, master_addr="127.0.0.1",
                               master_port=port, timeout_s=2)
     previous = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-    previous.set("ddpscale/num_gpus/node0", "1")
-    previous.set("ddpscale/num_gpus/node1", "1")
-    previous.add("ddpscale/num_gpus/read", 2)
+    settings = '{"distributed.num_gpus": 1}'
+    previous.set("ddpscale/settings/node0", settings)
+    previous.set("ddpscale/settings/node1", settings)
+    previous.add("ddpscale/settings/read", 2)
     with pytest.raises(RuntimeError, match="node 1: no rendezvous at distributed.master_addr:master_port"):
-        check_nodes_agree(None, "127.0.0.1", port, node1)
+        check_nodes_agree(None, "127.0.0.1", port, node1, {"distributed.num_gpus": 1})
     del previous
     this_job = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-    this_job.set("ddpscale/num_gpus/node0", "1")
-    check_nodes_agree(None, "127.0.0.1", port, node1)  # joins, agrees
-    assert this_job.get("ddpscale/num_gpus/node1") == b"1"
+    this_job.set("ddpscale/settings/node0", settings)
+    check_nodes_agree(None, "127.0.0.1", port, node1, {"distributed.num_gpus": 1})  # joins, agrees
+    assert this_job.get("ddpscale/settings/node1") == settings.encode()
 
 
 def test_a_node_started_before_node_0_says_it_waits_in_one_line(tmp_path):
@@ -225,6 +246,25 @@ def test_a_job_leaves_no_file_descriptor_open_in_the_sweep_process(tmp_path):
     before = open_now()
     assert job("1") and job("2") and job("3")
     assert open_now() == before
+
+
+def _replicas_apart(ctx, cfg, out_dir) -> dict:
+    """A worker whose ranks end with different weights (a spawned worker imports it by name)."""
+    return {"replica_checksums": [f"rank{r}" for r in range(ctx.world_size)], "replicas_identical": False}
+
+
+def test_replicas_that_end_apart_are_warned_about(tmp_path, caplog):
+    # run.json said replicas_identical: false, and nothing else did.
+    from hydra import compose, initialize_config_dir
+
+    from ddpscale.launch import run_job
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose("config", overrides=[*QUICK, "distributed.num_gpus=2"])
+    with caplog.at_level("WARNING", logger="ddpscale"):
+        assert run_job(cfg, _replicas_apart, tmp_path, []).ok
+    assert ("warning: the replicas ended with different weights (run.json's replica_checksums): the ranks "
+            "did not train one model, and results.csv describes rank 0's") in caplog.text
 
 
 def test_a_run_whose_end_cannot_be_written_counts_as_failed_and_says_why(tmp_path):

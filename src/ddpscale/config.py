@@ -301,6 +301,38 @@ def as_dict(cfg: Config) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
 
 
+# Keys each node (or rank) may set for itself: where it finds the data and the rendezvous,
+# its own resources and patience, its console. Every other key shapes the run they share.
+NODE_LOCAL_KEYS = frozenset({
+    "distributed.node_id", "distributed.master_addr", "distributed.master_port",
+    "distributed.timeout_s", "data.root", "data.download", "data.num_workers",
+    "train.threads", "train.malloc_cache", "train.progress",
+})
+
+
+def shared_settings(cfg: Config) -> dict[str, Any]:
+    """Every key that all nodes and ranks of a run must be given alike, flat ("optim.lr")."""
+    def flat(node: dict, prefix: str = "") -> dict[str, Any]:
+        out = {}
+        for key, value in node.items():
+            out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+        return out
+
+    return {k: v for k, v in flat(as_dict(cfg)).items() if k not in NODE_LOCAL_KEYS}
+
+
+def disagreement(settings: Mapping[str, Mapping[str, Any]], most: int = 4) -> str | None:
+    """The keys on which `settings` (by whom: "node 1", "rank 3") differ, each with every
+    value ("optim.lr (node 0: 0.05, node 1: 0.02)"), or None when they all agree."""
+    keys = sorted({k for s in settings.values() for k in s})
+    differ = [k for k in keys if len({repr(s.get(k)) for s in settings.values()}) > 1]
+    if not differ:
+        return None
+    said = [f"{k} (" + ", ".join(f"{who}: {s.get(k)}" for who, s in settings.items()) + ")" for k in differ[:most]]
+    more = f" and {len(differ) - most} more" if len(differ) > most else ""
+    return ", ".join(said) + more
+
+
 # --------------------------------------------------------------------------- validation
 
 _CHOICES = {

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpscale import shm_allreduce
-from ddpscale.config import ConfigError, DistributedConfig
+from ddpscale.config import ConfigError, DistributedConfig, disagreement
 
 log = logging.getLogger("ddpscale")
 
@@ -443,22 +443,25 @@ def host_store(addr: str, port: int | None, world_size: int, timeout_s: float) -
         ) from err
 
 
-_READ = "ddpscale/num_gpus/read"  # how many nodes have read the others' num_gpus (check_nodes_agree)
+_READ = "ddpscale/settings/read"  # how many nodes have read the others' settings (check_nodes_agree)
 
 
-def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: DistributedConfig) -> None:
+def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: DistributedConfig,
+                      settings: Mapping[str, object]) -> None:
     """Before a node starts its workers, meet the other nodes' job processes at node 0's store
-    and compare their distributed.num_gpus. A node given another value counts another world
-    size and other rank numbers: the workers' rendezvous then waited out distributed.timeout_s
-    (5 minutes) and blamed master_addr. Polls, so a Ctrl-C is taken at once. `store` is node
+    and compare their `settings` (config.shared_settings). A node given another
+    distributed.num_gpus counts another world size and other rank numbers: the workers'
+    rendezvous then waited out distributed.timeout_s (5 minutes) and blamed master_addr. One
+    given another optim.lr trained on silently, and one given other epochs or batches left
+    the others waiting in a collective. Polls, so a Ctrl-C is taken at once. `store` is node
     0's own, new for this job (None elsewhere: join it)."""
     deadline = time.monotonic() + d.timeout_s
     where = f"distributed.master_addr:master_port = {addr}:{port}"
-    keys = [f"ddpscale/num_gpus/node{n}" for n in range(d.num_nodes)]
+    keys = [f"ddpscale/settings/node{n}" for n in range(d.num_nodes)]
     if store is None:
         store = _join_this_jobs_store(addr, port, d, deadline, where)
     try:
-        store.set(keys[d.node_id], str(d.num_gpus))
+        store.set(keys[d.node_id], json.dumps(dict(settings), sort_keys=True))
         if not store.check(keys):
             log.info("node %d: waiting for the other node(s) at %s:%d (distributed.timeout_s=%g)",
                      d.node_id, addr, port, d.timeout_s)
@@ -468,16 +471,20 @@ def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: Dist
                 raise RuntimeError(f"node(s) {missing} did not reach the rendezvous at {where} within "
                                    f"distributed.timeout_s={d.timeout_s:g}; {_rendezvous_advice(d.num_nodes)}")
             time.sleep(0.1)
-        given = {n: int(store.get(key)) for n, key in enumerate(keys)}
+        given = {f"node {n}": json.loads(store.get(key)) for n, key in enumerate(keys)}
         read = store.add(_READ, 1)
-        if len(set(given.values())) > 1:
+        gpus = disagreement({who: {"distributed.num_gpus": s.get("distributed.num_gpus")}
+                             for who, s in given.items()})
+        other = disagreement(given)
+        if other:
             while d.node_id == 0 and read < d.num_nodes and time.monotonic() < deadline:
                 time.sleep(0.05)  # node 0's store goes with this process: let the others read first
                 read = store.add(_READ, 0)
-            raise ConfigError(
-                "the nodes were given different distributed.num_gpus ("
-                + ", ".join(f"node {n}: {g}" for n, g in given.items())
-                + "); give every node the same value: each starts that many workers")
+            if gpus:
+                raise ConfigError(f"the nodes were given different {gpus}; give "
+                                  "every node the same value: each starts that many workers")
+            raise ConfigError(f"the nodes were given different settings: {other}; give every node the "
+                              "same overrides (only distributed.node_id differs)")
     except dist.DistNetworkError as err:  # only a joining node's store can go away
         raise RuntimeError(
             f"node 0 left the rendezvous at {where} before every node had arrived "

@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from ddpscale import data as data_lib
 from ddpscale import distributed as ddist
 from ddpscale.config import (
-    Config, ConfigError, as_dict, registered, to_config, validate, validate_for_device,
+    Config, ConfigError, as_dict, disagreement, registered, shared_settings, to_config, validate,
+    validate_for_device,
 )
 from ddpscale.results import RunRecord, earlier_run, taken_message
 
@@ -123,6 +124,9 @@ def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]
         _STOP_SIGNALS.wind_up()
         if record:
             record.update(**summary)
+        if record and summary.get("replicas_identical") is False:
+            log.warning("warning: the replicas ended with different weights (run.json's replica_checksums): "
+                        "the ranks did not train one model, and results.csv describes rank 0's")
         outcome = _finish(record, Outcome("completed"))
         if record and outcome.ok:
             log.info("run completed: results.csv and run.json are in %s", out_dir)
@@ -279,7 +283,7 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
     store = ddist.host_store(addr, d.master_port, _world(cfg), d.timeout_s) if d.node_id == 0 else None
     port = store.port if store is not None else d.master_port
     if d.num_nodes > 1:
-        ddist.check_nodes_agree(store, addr, port, d)
+        ddist.check_nodes_agree(store, addr, port, d, shared_settings(cfg))
     plan = Plan(cfg, str(out_dir), device, backend, ddist.SPAWN, ddist.Rendezvous(addr, port, d.timeout_s))
     log.info("starting %d worker(s) on node %d/%d (%s, %s), rendezvous %s:%d",
              d.num_gpus, d.node_id, d.num_nodes, device, backend, addr, port)
@@ -436,6 +440,8 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
     ctx = ddist.WorkerContext(placement, device, plan.backend, plan.launcher)
     with ddist.process_group(placement, plan.backend, plan.rendezvous, hosts_store=hosts_store):
         out_dir = _agree_on_output_dir(Path(plan.out_dir), placement)
+        if plan.launcher != ddist.SPAWN:  # spawned workers share their job's config, checked across nodes
+            _agree_on_settings(plan.cfg, placement)
         try:
             if plan.launcher != ddist.SPAWN:
                 _prepare_data_once(plan.cfg, placement)
@@ -482,6 +488,18 @@ def _agree_on_output_dir(out_dir: Path, placement: ddist.Placement) -> Path:
     shared = [str(out_dir)]
     dist.broadcast_object_list(shared, src=0)
     return Path(shared[0])
+
+
+def _agree_on_settings(cfg: Config, placement: ddist.Placement) -> None:
+    """Under torchrun/SLURM every rank composed its own config: one given another optim.lr
+    trained on silently (replicas apart, results.csv saying rank 0's), and one given other
+    epochs or batches left the rest waiting in a collective for distributed.timeout_s."""
+    gathered: list[Any] = [None] * placement.world_size
+    dist.all_gather_object(gathered, shared_settings(cfg))
+    differ = disagreement({f"rank {r}": settings for r, settings in enumerate(gathered)})
+    if differ:
+        raise ConfigError(f"the ranks were given different settings: {differ}; give every rank "
+                          "the same overrides")
 
 
 def _prepare_data_once(cfg: Config, placement: ddist.Placement) -> None:
