@@ -267,12 +267,25 @@ def _label_200(data: bytes) -> bytes:
     return gzip.compress(bytes(raw))
 
 
+def _header(first: bytes):
+    def change(data: bytes) -> bytes:
+        return gzip.compress(first + gzip.decompress(data)[len(first):])
+    return change
+
+
 @pytest.mark.parametrize("change,message", [
     # swapped names: a worker died of "IndexError: tuple index out of range"
     ({"train-images-idx3-ubyte.gz": "train-labels-idx1-ubyte.gz",
       "train-labels-idx1-ubyte.gz": "train-images-idx3-ubyte.gz"}, "holds an array of shape (60000,) and"),
     # a label beyond the classes: a worker died after a whole epoch, "Target 200 is out of bounds"
     ({"t10k-labels-idx1-ubyte.gz": _label_200}, "t10k-labels-idx1-ubyte.gz has labels beyond the 10 classes"),
+    # not IDX bytes: it trained on them, exit 0
+    ({"train-images-idx3-ubyte.gz": _header(b"\xff\xff\x0d")}, "train-images-idx3-ubyte.gz is damaged or cut off "
+     "(its header starts ff ff 0d 03, not 00 00 08 as an IDX file of bytes does)"),
+    ({"train-labels-idx1-ubyte.gz": _header(b"\x00\x00\x09")}, "its header starts 00 00 09 01"),
+    # a directory in its place: "no data ... and the download failed"
+    ({"t10k-labels-idx1-ubyte.gz": "mkdir"}, "t10k-labels-idx1-ubyte.gz is not a file, but the data file "
+     "t10k-labels-idx1-ubyte belongs there; remove it and run again"),
 ])
 def test_data_files_of_the_wrong_kind_are_named_before_any_worker(tmp_path, fmnist_root, change, message):
     raw = tmp_path / "data" / "FashionMNIST" / "raw"
@@ -282,6 +295,8 @@ def test_data_files_of_the_wrong_kind_are_named_before_any_worker(tmp_path, fmni
         how = change.get(path.name, path.name)
         if callable(how):
             (raw / path.name).write_bytes(how(path.read_bytes()))
+        elif how == "mkdir":
+            (raw / path.name).mkdir()
         else:
             (raw / how).write_bytes(path.read_bytes())
     proc = run_train(f"data.root={tmp_path}/data", "data.download=false", f"hydra.run.dir={tmp_path}/run",

@@ -187,9 +187,14 @@ def _raw_folder(cfg: DataConfig) -> Path:
 
 
 def _find(folder: Path, stem: str) -> Path | None:
-    for candidate in (folder / stem, folder / f"{stem}.gz"):
+    candidates = (folder / stem, folder / f"{stem}.gz")
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
+    for candidate in candidates:  # a directory in its place read as no data, then a download failed
+        if candidate.exists():
+            raise ConfigError(f"{candidate} is not a file, but the data file {stem} belongs there; "
+                              "remove it and run again")
     return None
 
 
@@ -240,7 +245,10 @@ def _check_pair(images: Path, image_shape: tuple[int, ...], labels: Path,
 def _idx_shape(path: Path) -> tuple[int, ...]:
     """The shape in an IDX file's header, without reading the rest."""
     with (gzip.open(path) if path.suffix == ".gz" else path.open("rb")) as f:
-        ndim = f.read(4)[3]
+        magic = f.read(4)
+        if magic[:3] != b"\x00\x00\x08":  # two zero bytes, then 08: unsigned bytes, as read here
+            raise ValueError(f"its header starts {magic.hex(' ')}, not 00 00 08 as an IDX file of bytes does")
+        ndim = magic[3]
         header = f.read(4 * ndim)
     return tuple(int.from_bytes(header[4 * i: 4 * i + 4], "big") for i in range(ndim))
 
@@ -259,7 +267,7 @@ def _check_complete(path: Path) -> tuple[int, ...]:
             complete = size == expected % 2**32
         else:
             complete = path.stat().st_size == expected
-    except (OSError, EOFError, IndexError) as err:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, IndexError, ValueError) as err:  # gzip.BadGzipFile is an OSError
         raise ConfigError(_damaged_message(path, err)) from err
     if not complete:
         dims = "x".join(map(str, shape))
