@@ -192,6 +192,9 @@ def test_bad_values_name_the_key(overrides, error):
     # without -m, Hydra would run one job with none of the experiment's grid values
     (["+experiment=scaling_study"], "this config holds a sweep grid (hydra.sweeper.params: "
                                     "distributed.num_gpus=1,2,4, data.batch_size=64,256"),
+    # without -m, Hydra uses no launcher: the run trained here (on a login node), saying nothing
+    (["hydra/launcher=slurm"], "hydra/launcher=slurm submits the jobs of a sweep, which only -m runs; add -m"),
+    (["hydra/launcher=slurm_local"], "hydra/launcher=slurm_local submits the jobs of a sweep"),
 ])
 def test_bad_input_on_the_command_line_fails_fast(tmp_path, overrides, message):
     start = time.monotonic()

@@ -128,6 +128,7 @@ class FreshOutputDir(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         refuse_a_grid_without_multirun(config)
+        refuse_a_launcher_without_multirun(config)
         refuse_an_uncreatable_dir(config, "run")
         refuse_a_used_dir(config, "run")
 
@@ -146,6 +147,18 @@ def refuse_a_grid_without_multirun(config: DictConfig) -> None:
         print("error: this config holds a sweep grid (hydra.sweeper.params: "
               f"{', '.join(grid)}), which only -m runs; add -m, or leave out the experiment for a "
               "single run (nothing was started)", file=sys.stderr)
+        sys.exit(2)
+
+
+def refuse_a_launcher_without_multirun(config: DictConfig) -> None:
+    """Exit 2 for hydra/launcher=slurm (or slurm_local) without -m: Hydra uses a launcher only
+    for a sweep, so the run trained here, on a login node, saying nothing."""
+    target = str(OmegaConf.select(config, "hydra.launcher._target_") or "")
+    if "ddpscale_launcher" in target:
+        name = "slurm_local" if target.endswith("DDPLocalLauncher") else "slurm"
+        print(f"error: hydra/launcher={name} submits the jobs of a sweep, which only -m runs; add -m "
+              "(one run is a sweep of one job), or leave out hydra/launcher to run here (nothing "
+              "was started)", file=sys.stderr)
         sys.exit(2)
 
 
