@@ -113,6 +113,30 @@ def test_memory_and_dataloader_paths_serve_the_same_normalised_images(name):
     torch.testing.assert_close(x_mem, x_dl, rtol=0, atol=1e-6)
 
 
+def _images_and_labels(n_images=16, n_labels=16, images=torch.float32, labels=torch.int64, low=0, nan=False):
+    def loader(cfg, train):
+        x = torch.zeros(n_images, 1, 8, 8, dtype=images)
+        if nan:
+            x[3] = float("nan")
+        return Split(x, torch.full((n_labels,), low, dtype=labels))
+    return loader
+
+
+@pytest.mark.parametrize("loader,message", [
+    # each failed inside a worker with torch's words, or (nan) trained to nan and blamed optim.lr
+    (_images_and_labels(n_labels=8), "data=mine's training split has 16 images but 8 labels"),
+    (_images_and_labels(images=torch.float64), "has torch.float64 images; its loader must return uint8"),
+    (_images_and_labels(labels=torch.int32), "has torch.int32 labels; its loader must return int64 labels"),
+    (_images_and_labels(low=-1), "has a label -1; labels run from 0 to data.num_classes - 1"),
+    (_images_and_labels(nan=True), "has images holding nan or inf values"),
+])
+def test_a_plugged_in_data_set_of_the_wrong_kind_is_named_before_any_worker(monkeypatch, loader, message):
+    monkeypatch.setitem(DATASETS, "mine", loader)
+    cfg = DataConfig(name="mine", channels=1, image_size=8, num_classes=2, batch_size=4)
+    with pytest.raises(ConfigError, match=message):
+        prepare(cfg, world_size=1)
+
+
 @pytest.mark.parametrize("channels", [3, 4])
 def test_a_plugged_in_uint8_data_set_of_several_channels_serves_alike_on_both_paths(monkeypatch, channels):
     def colour(cfg, train):

@@ -8,6 +8,9 @@ import sys
 import pytest
 
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train
+from ddpscale.data import DATASETS
+from ddpscale.models import MODELS
+from ddpscale.optim import OPTIMIZERS
 
 pytestmark = pytest.mark.slow
 SCRIPT = "examples/plugin/train_plugins.py"
@@ -52,3 +55,13 @@ def test_the_plugin_script_takes_flags_before_or_after_the_overrides(args):
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert ("name: mlp" in proc.stdout) == ("model=mlp" in args)
+
+
+@pytest.mark.parametrize("registry,name", [(MODELS, "cnn"), (DATASETS, "fashion_mnist"), (OPTIMIZERS, "sgd")])
+def test_a_plugin_cannot_take_a_name_that_is_registered(registry, name):
+    # MODELS["cnn"] = my_mlp trained the MLP, and results.csv said model=cnn
+    builtin = registry[name]
+    with pytest.raises(ValueError, match=f"'{name}' is already registered .*; register yours under a name of its own"):
+        registry[name] = lambda *args: None
+    registry[name] = builtin  # the same builder again (a module imported twice) is no clash
+    assert registry[name] is builtin

@@ -459,6 +459,22 @@ def _validate_model(model: ModelConfig, data: DataConfig) -> None:
             )
 
 
+class Registry(dict):
+    """A {name: builder} registry that keeps each name to its first builder: a plug-in that
+    registered "cnn" replaced ddpscale's CNN, and results.csv said model=cnn of its MLP."""
+
+    def __init__(self, what: str, entries: Mapping[str, Any]):
+        super().__init__(entries)
+        self.what = what
+
+    def __setitem__(self, name: str, builder: Any) -> None:
+        taken = self.get(name)
+        if taken is not None and taken is not builder:
+            raise ValueError(f"{self.what} {name!r} is already registered ({taken.__module__}."
+                             f"{taken.__qualname__}); register yours under a name of its own")
+        super().__setitem__(name, builder)
+
+
 def registered(registry: Mapping[str, Any], key: str, name: str, where: str) -> Any:
     """registry[name] for the `key=name` option (model=cnn), or a ConfigError that names the
     options and the registry `where` a plug-in of one's own goes into."""

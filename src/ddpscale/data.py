@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ddpscale.config import ConfigError, DataConfig, registered
+from ddpscale.config import ConfigError, DataConfig, Registry, registered
 from ddpscale.distributed import die_with_parent
 
 log = logging.getLogger("ddpscale")
@@ -136,6 +136,7 @@ def _check_plugged_in(cfg: DataConfig) -> int:
     for train, key in ((True, "train_size"), (False, "val_size")):
         split = _loader(cfg)(cfg, train)
         wanted, name = getattr(cfg, key), "training" if train else "validation"
+        _check_tensors(cfg, split, name)
         if tuple(split.images.shape[1:]) != (cfg.channels, cfg.image_size, cfg.image_size):
             raise ConfigError(
                 f"data={cfg.name}'s {name} images are {'x'.join(map(str, split.images.shape[1:]))} "
@@ -152,6 +153,28 @@ def _check_plugged_in(cfg: DataConfig) -> int:
         if train:
             train_count = wanted or len(split)
     return train_count
+
+
+def _check_tensors(cfg: DataConfig, split: Split, name: str) -> None:
+    """A plug-in's split as Split says (a worker failed on each of these with torch's words,
+    and nan images trained to a loss of nan that blamed optim.lr)."""
+    what = f"data={cfg.name}'s {name} split"
+    images, labels = split.images, split.labels
+    if len(images) != len(labels):
+        raise ConfigError(f"{what} has {len(images)} images but {len(labels)} labels; its loader "
+                          "must return one label per image")
+    if images.dtype not in (torch.uint8, torch.float32):
+        raise ConfigError(f"{what} has {images.dtype} images; its loader must return uint8 (0-255) "
+                          "or float32 images")
+    if labels.dtype != torch.int64:
+        raise ConfigError(f"{what} has {labels.dtype} labels; its loader must return int64 labels "
+                          "(labels.long())")
+    if len(labels) and int(labels.min()) < 0:
+        raise ConfigError(f"{what} has a label {int(labels.min())}; labels run from 0 to "
+                          "data.num_classes - 1")
+    if images.is_floating_point() and not bool(torch.isfinite(images).all()):
+        raise ConfigError(f"{what} has images holding nan or inf values; its loader must return "
+                          "finite ones")
 
 
 def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
@@ -316,11 +339,11 @@ def _synthetic(cfg: DataConfig, train: bool) -> Split:
 
 # data option -> loader (config, training split?) -> the whole split in memory. A data set
 # of your own is one more entry (and a conf/data/<name>.yaml); prepare() counts its examples.
-DATASETS: dict[str, Callable[[DataConfig, bool], Split]] = {
+DATASETS: dict[str, Callable[[DataConfig, bool], Split]] = Registry("data set", {
     "fashion_mnist": _idx_split,
     "mnist": _idx_split,
     "synthetic": _synthetic,
-}
+})
 
 
 def normalised(split: Split, cfg: DataConfig) -> torch.Tensor:

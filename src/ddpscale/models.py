@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ddpscale.config import CNNConfig, DataConfig, ModelConfig, WideResNetConfig, registered
+from ddpscale.config import CNNConfig, DataConfig, ModelConfig, Registry, WideResNetConfig, registered
 
 
 class CNN(nn.Module):
@@ -80,10 +80,10 @@ class WideResNet(nn.Module):
         return self.head(self.body(x))
 
 
-MODELS: dict[str, Callable[[ModelConfig, DataConfig], nn.Module]] = {
+MODELS: dict[str, Callable[[ModelConfig, DataConfig], nn.Module]] = Registry("model", {
     "cnn": CNN,
     "wide_resnet": WideResNet,
-}
+})
 
 
 def build_model(cfg: ModelConfig, data: DataConfig) -> nn.Module:

@@ -6,7 +6,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from ddpscale.config import AdamWConfig, ConfigError, OptimConfig, SGDConfig, registered
+from ddpscale.config import AdamWConfig, ConfigError, OptimConfig, Registry, SGDConfig, registered
 
 
 def _sgd(params: Iterable[torch.nn.Parameter], cfg: SGDConfig) -> torch.optim.Optimizer:
@@ -21,7 +21,7 @@ def _adamw(params: Iterable[torch.nn.Parameter], cfg: AdamWConfig) -> torch.opti
     )
 
 
-OPTIMIZERS: dict[str, Callable] = {"sgd": _sgd, "adamw": _adamw}
+OPTIMIZERS: dict[str, Callable] = Registry("optimizer", {"sgd": _sgd, "adamw": _adamw})
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
