@@ -156,6 +156,39 @@ def test_ctrl_c_stops_a_local_submitit_sweep_and_marks_its_run_interrupted(tmp_p
     assert not (tmp_path / "1").exists(), "no later job was started"
 
 
+def test_sighup_stops_a_local_submitit_sweep_like_ctrl_c(tmp_path):
+    # The sweep process said "interrupted; no run was in progress" and left the job
+    # training as an orphan; no later job and no summary.
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *QUICK, "train.epochs=200", "distributed.num_gpus=2,1",
+         "hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "-m"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    _wait_for_epochs(proc, tmp_path / "0", 1)
+    os.kill(proc.pid, signal.SIGHUP)  # the sweep process alone: the job must be ended by it
+    log = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 129, log
+    assert "sweep stopped by SIGHUP: job #0 was interrupted" in log and "no run was in progress" not in log
+    assert read_run(tmp_path / "0")["status"] == "interrupted"
+    assert not (tmp_path / "1").exists(), "no later job was started"
+
+
+def test_a_task_hung_after_rank_0_failed_does_not_hold_the_local_submitit_sweep(tmp_path):
+    # submitit's controller waits for every task: the hung one held the sweep for
+    # hydra.launcher.timeout_min (30 minutes by default; 2 here).
+    start = time.monotonic()
+    proc = run_train(*QUICK, "train.epochs=1", "train.sync_probe_steps=0", "distributed.num_gpus=2",
+                     "distributed.timeout_s=5", "model=crashing_cnn,cnn", "hydra/launcher=slurm_local",
+                     "hydra.launcher.timeout_min=2", f"hydra.sweep.dir={tmp_path}", "-m",
+                     script="tests/crashing_train.py", env={"CRASH_HOW": "hang"}, timeout=300)
+    assert time.monotonic() - start < 90, output(proc)
+    assert proc.returncode == 1, output(proc)
+    assert "job #0: task 0 ended 10 s ago and other tasks are still running; ending them" in output(proc)
+    first, second = read_run(tmp_path / "0"), read_run(tmp_path / "1")
+    assert first["status"] == "failed" and "within distributed.timeout_s=5" in first["error"], first
+    assert second["status"] == "completed"
+
+
 @pytest.mark.parametrize("shape, says", [("distributed.num_gpus=1,0", "distributed.num_gpus=0 must be >= 1"),
                                          ("distributed.num_nodes=-1", "distributed.num_nodes=-1 must be >= 1")])
 def test_a_job_shape_below_one_is_refused_before_submitit_sees_it(tmp_path, shape, says):

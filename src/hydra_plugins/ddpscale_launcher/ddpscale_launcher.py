@@ -96,8 +96,8 @@ class _ShapedLauncher(BaseSubmititLauncher):
 
     def _one_after_another(self, jobs: list[tuple[int, list[str], tuple[int, int]]]) -> list[JobReturn]:
         """Run local jobs one at a time: run together, they would share the cores, and
-        every throughput of the sweep would be measured under the others' load. Ctrl-C or
-        SIGTERM stops the running job (its run.json says interrupted) and the sweep."""
+        every throughput of the sweep would be measured under the others' load. Ctrl-C,
+        SIGTERM or SIGHUP stops the running job (its run.json says interrupted) and the sweep."""
         results = []
         with _StopSignals() as stop:
             for idx, overrides, (nodes, gpus) in jobs:
@@ -111,10 +111,10 @@ class _ShapedLauncher(BaseSubmititLauncher):
                     job = executor.submit(self, overrides, "hydra.sweep.dir", idx,
                                           f"job_id_for_{idx}", Singleton.get_state())
                 try:
+                    _end_stragglers(job, idx)
                     results.append(_result(job, idx))
                 except _Stopped as stopped:
-                    # the controller passes SIGTERM on to the tasks and waits for them
-                    os.kill(int(job.job_id), signal.SIGTERM)
+                    _terminate(job)  # the controller passes it on to the tasks and waits for them
                     deadline = time.monotonic() + 30  # the job records its end, then exits
                     while not job.done() and time.monotonic() < deadline:
                         time.sleep(0.2)
@@ -140,6 +140,36 @@ class _ShapedLauncher(BaseSubmititLauncher):
         return executor
 
 
+STRAGGLER_GRACE_S = 10  # after task 0 has its result, how long the other tasks have to end
+
+
+def _end_stragglers(job: Any, idx: int) -> None:
+    """Wait for a local job, ending its other tasks once task 0 (global rank 0, which records
+    the run) has its result and they have not ended within STRAGGLER_GRACE_S. submitit's
+    controller waits for every task: one hung in its forward, after rank 0 had recorded
+    the failure, held the sweep for hydra.launcher.timeout_min (30 minutes). On SLURM,
+    `srun --kill-on-bad-exit=1` does this; under spawn, the job process."""
+    first_done, ended = None, False
+    while not job.done():
+        if first_done is None and job.task(0).paths.result_pickle.exists():
+            first_done = time.monotonic()
+        if not ended and first_done is not None and time.monotonic() - first_done > STRAGGLER_GRACE_S:
+            log.error("job #%d: task 0 ended %d s ago and other tasks are still running; "
+                      "ending them (SIGTERM)", idx, STRAGGLER_GRACE_S)
+            _terminate(job)
+            ended = True
+        time.sleep(0.2)
+
+
+def _terminate(job: Any) -> None:
+    """SIGTERM to a local job's controller, which passes it on to the tasks. A hangup of the
+    whole terminal may have ended the controller already (its tasks stop on their own)."""
+    try:
+        os.kill(int(job.job_id), signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
 def _result(job: Any, idx: int) -> JobReturn:
     """Task 0's JobReturn (it holds global rank 0, which records the run). A task that
     died without a result (SIGKILL, out of memory, a node lost) makes submitit raise for
@@ -163,11 +193,14 @@ class _Stopped(BaseException):
 
 
 class _StopSignals:
-    """The first SIGINT/SIGTERM raises `_Stopped`; later ones, while the job winds up, do nothing."""
+    """The first SIGINT/SIGTERM/SIGHUP raises `_Stopped`; later ones, while the job winds up, do
+    nothing. A SIGHUP ignored at the start (nohup) stays ignored."""
 
     def __enter__(self) -> "_StopSignals":
         self.stopped = False
-        self.saved = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        hangup = [signal.SIGHUP] if hasattr(signal, "SIGHUP") else []
+        self.saved = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM, *hangup)
+                      if signal.getsignal(s) is not signal.SIG_IGN}
         return self
 
     def __exit__(self, *exc: Any) -> None:

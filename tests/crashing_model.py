@@ -1,0 +1,58 @@
+"""The model of tests/crashing_train.py: the default CNN, failing on purpose on one rank.
+
+A module of its own, with a schema class of its own, as a plug-in should be: the tasks of
+hydra/launcher=slurm_local unpickle the job's config store, whose CrashingCNNConfig names
+this module, so they import it and find the model (`model=crashing_cnn`). Spawned workers
+re-run crashing_train.py's imports. `model.name=crashing_cnn` works too, but not under
+slurm_local.
+"""
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+from hydra.core.config_store import ConfigStore
+
+from ddpscale.config import CNNConfig
+from ddpscale.models import CNN, MODELS
+
+
+@dataclass
+class CrashingCNNConfig(CNNConfig):
+    name: str = "crashing_cnn"
+
+
+class CrashingCNN(CNN):
+    """The default CNN, except that it fails on CRASH_RANK in CRASH_EPOCH."""
+
+    steps = 0
+
+    def forward(self, x):
+        CrashingCNN.steps += 1 if self.training else 0
+        rank, epoch = int(os.environ.get("CRASH_RANK", "1")), int(os.environ.get("CRASH_EPOCH", "1"))
+        steps_per_epoch = int(os.environ.get("CRASH_STEPS_PER_EPOCH", "1"))
+        if dist.get_rank() == rank and CrashingCNN.steps > (epoch - 1) * steps_per_epoch + 1:
+            how = os.environ.get("CRASH_HOW", "raise")
+            if how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if how == "exit0":
+                sys.exit(0)
+            if how == "os_exit0":
+                os._exit(0)
+            if how == "hang":
+                time.sleep(3600)
+            if how == "stubborn":
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                Path(os.environ["CRASH_PID_FILE"]).write_text(str(os.getpid()))
+                time.sleep(3600)
+            raise RuntimeError(f"injected failure on rank {rank}")
+        return super().forward(x)
+
+
+MODELS["crashing_cnn"] = CrashingCNN
+ConfigStore.instance().store(group="model", name="crashing_cnn", node=CrashingCNNConfig)
