@@ -141,34 +141,24 @@ def test_a_local_submitit_sweep_runs_one_job_at_a_time(tmp_path):
     assert second["start_time"] >= first["end_time"], "the second job started after the first ended"
 
 
-def test_ctrl_c_stops_a_local_submitit_sweep_and_marks_its_run_interrupted(tmp_path):
+@pytest.mark.parametrize("send,name,code", [
+    (lambda pid: os.killpg(pid, signal.SIGINT), "SIGINT", 130),  # Ctrl-C in the terminal
+    # the sweep process alone, which must end the job itself: it said "interrupted; no run was
+    # in progress" and left the job training as an orphan, with no later job and no summary
+    (lambda pid: os.kill(pid, signal.SIGHUP), "SIGHUP", 129),
+], ids=["ctrl-c", "hangup"])
+def test_a_signal_stops_a_local_submitit_sweep_and_marks_its_run_interrupted(tmp_path, send, name, code):
     proc = subprocess.Popen(
         [sys.executable, "train.py", *QUICK, "train.epochs=200", "distributed.num_gpus=2,1",
          "hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "-m"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     _wait_for_epochs(proc, tmp_path / "0", 1)
-    os.killpg(proc.pid, signal.SIGINT)
+    send(proc.pid)
     log = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 130, log
-    assert "sweep stopped by SIGINT: job #0 was interrupted" in log and "Traceback" not in log
-    assert read_run(tmp_path / "0")["status"] == "interrupted"
-    assert not (tmp_path / "1").exists(), "no later job was started"
-
-
-def test_sighup_stops_a_local_submitit_sweep_like_ctrl_c(tmp_path):
-    # The sweep process said "interrupted; no run was in progress" and left the job
-    # training as an orphan; no later job and no summary.
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *QUICK, "train.epochs=200", "distributed.num_gpus=2,1",
-         "hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "-m"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    _wait_for_epochs(proc, tmp_path / "0", 1)
-    os.kill(proc.pid, signal.SIGHUP)  # the sweep process alone: the job must be ended by it
-    log = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 129, log
-    assert "sweep stopped by SIGHUP: job #0 was interrupted" in log and "no run was in progress" not in log
+    assert proc.returncode == code, log
+    assert f"sweep stopped by {name}: job #0 was interrupted" in log and "Traceback" not in log
+    assert "no run was in progress" not in log
     assert read_run(tmp_path / "0")["status"] == "interrupted"
     assert not (tmp_path / "1").exists(), "no later job was started"
 
