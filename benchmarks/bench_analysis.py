@@ -33,7 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "src"))  # ddpscale's config schema
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_args
 
+from bench_args import at_least  # noqa: E402
 from multirun_analysis.schema import EXTRA_NUMERIC, EXTRA_SETTINGS, REQUIRED  # noqa: E402
 
 # The columns train.py writes: the contract's, then the optional ones the analysis reads.
@@ -157,8 +159,8 @@ def timed(label: str, fn):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10_000)
-    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--runs", type=at_least(1), default=10_000, help="run directories to write (default 10,000)")
+    parser.add_argument("--epochs", type=at_least(1), default=5, help="epochs per completed run (default 5)")
     parser.add_argument(
         "--dir",
         type=Path,

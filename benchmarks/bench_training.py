@@ -70,6 +70,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
 sys.path.insert(0, str(REPO / "src"))  # ddpscale, here and in the spawned workers
+sys.path.insert(0, str(THIS.parent))  # bench_args, also where this file is imported by path
+from bench_args import at_least, seconds  # noqa: E402
 TEXTBOOK = THIS.parent / "textbook_ddp.py"
 PY = sys.executable
 MEAN, STD = 0.2860, 0.3530  # conf/data/fashion_mnist.yaml
@@ -779,27 +781,27 @@ def bare_main(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, default=128, help="per worker (default 128)")
-    p.add_argument("--steps", type=int, default=None, help="steps per worker per epoch (default 60; quick 4)")
-    p.add_argument("--repeats", type=int, default=None, help="throughput repeats, best kept (default 3; quick 1)")
-    p.add_argument("--startup-repeats", type=int, default=None, help="start-up repeats, median kept (default 3; quick 1)")
-    p.add_argument("--val-size", type=int, default=512, help="validation images of the ddpscale runs (untimed)")
+    p.add_argument("--batch-size", type=at_least(1), default=128, help="per worker (default 128)")
+    p.add_argument("--steps", type=at_least(1), default=None, help="steps per worker per epoch (default 60; quick 4)")
+    p.add_argument("--repeats", type=at_least(1), default=None, help="throughput repeats, best kept (default 3; quick 1)")
+    p.add_argument("--startup-repeats", type=at_least(1), default=None,
+                   help="start-up repeats, median kept (default 3; quick 1)")
+    p.add_argument("--val-size", type=at_least(1), default=512, help="validation images of the ddpscale runs (untimed)")
     p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/*.gz (default: data/, then ../shared/data)")
     p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, one repeat, no 1-worker default-thread cases")
     p.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
-    p.add_argument("--timeout", type=float, default=300, help="seconds allowed per subprocess")
+    p.add_argument("--timeout", type=seconds, default=300, help="seconds allowed per subprocess")
     p.add_argument("--worker", choices=["nosync", "interleaved", "bare"], help=argparse.SUPPRESS)
-    p.add_argument("--block-steps", type=int, default=None, help="steps per interleaved block (default 5; quick 2)")
-    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per repeat (default 16; quick 2)")
-    p.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--block-steps", type=at_least(1), default=None, help="steps per interleaved block (default 5; quick 2)")
+    p.add_argument("--rounds", type=at_least(1), default=None, help="interleaved rounds per repeat (default 16; quick 2)")
+    p.add_argument("--procs", type=at_least(1), default=1, help=argparse.SUPPRESS)
     p.add_argument("--meet", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    quick = args.quick
-    args.steps = args.steps or (4 if quick else 60)
-    args.block_steps = args.block_steps or (2 if quick else 5)
-    args.rounds = args.rounds or (2 if quick else 16)
-    args.repeats = args.repeats or (1 if quick else 3)
-    args.startup_repeats = args.startup_repeats or (1 if quick else 3)
+    # Only an absent option takes the default: 0 is refused above, not read as "unset".
+    for key, normal, quick in [("steps", 60, 4), ("block_steps", 5, 2), ("rounds", 16, 2),
+                               ("repeats", 3, 1), ("startup_repeats", 3, 1)]:
+        if getattr(args, key) is None:
+            setattr(args, key, quick if args.quick else normal)
     return args
 
 

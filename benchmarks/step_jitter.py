@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_training as bt  # noqa: E402
+from bench_args import at_least  # noqa: E402
 
 WARMUP_STEPS = 5
 BLOCK = 5  # steps per block for the correlation
@@ -130,8 +131,8 @@ def report(r: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=60, help="timed steps per process (default 60)")
-    p.add_argument("--batch-size", type=int, default=128, help="per process (default 128)")
+    p.add_argument("--steps", type=at_least(1), default=60, help="timed steps per process (default 60)")
+    p.add_argument("--batch-size", type=at_least(1), default=128, help="per process (default 128)")
     p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/*.gz (default: data/, then ../shared/data)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_training as bt  # noqa: E402
+from bench_args import at_least  # noqa: E402
 
 KINDS = ("unsynced", "lockstep", "staggered", "synced")
 LABELS = {"unsynced": "unsynced", "lockstep": "lock-step", "staggered": "staggered", "synced": "synced"}
@@ -156,14 +157,12 @@ def report(r: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=40, help="rounds of the four kinds of block (default 40)")
-    p.add_argument("--block-steps", type=int, default=5, help="steps per block (default 5)")
-    p.add_argument("--batch-size", type=int, default=128, help="per process (default 128)")
+    p.add_argument("--rounds", type=at_least(1), default=40, help="rounds of the four kinds of block (default 40)")
+    p.add_argument("--block-steps", type=at_least(2, "the first step of each block is left out"), default=5, help="steps per block (default 5)")
+    p.add_argument("--batch-size", type=at_least(1), default=128, help="per process (default 128)")
     p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/*.gz (default: data/, then ../shared/data)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
-    if args.block_steps < 2:
-        p.error("--block-steps must be at least 2: the first step of each block is left out")
     args.data_root = str(bt.find_raw(args.data_root).parent.parent)
     args.procs = 2
     bt.report_and_save(measure(args), report, args.json)

@@ -37,6 +37,8 @@ from ddpscale.config import CNNConfig, DataConfig  # noqa: E402
 from ddpscale.distributed import exit_finished_worker  # noqa: E402
 from ddpscale.models import CNN  # noqa: E402
 
+from bench_args import at_least  # noqa: E402  (benchmarks/, this script's own folder)
+
 MEAN, STD = 0.2860, 0.3530  # Fashion-MNIST, as in conf/data/fashion_mnist.yaml
 
 
@@ -83,12 +85,12 @@ def worker(rank: int, world_size: int, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--train-size", type=int, default=60000)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--world-size", type=at_least(1), default=2)
+    parser.add_argument("--batch-size", type=at_least(1), default=128)
+    parser.add_argument("--train-size", type=at_least(1), default=60000)
+    parser.add_argument("--epochs", type=at_least(1), default=2)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--threads", type=int, default=None, help="default: torch's own")
+    parser.add_argument("--threads", type=at_least(1), default=None, help="default: torch's own")
     args = parser.parse_args()
 
     datasets.FashionMNIST(args.root, train=True, download=True)  # extracts the .gz once

@@ -385,3 +385,54 @@ def test_analysis_benchmark_reads_every_generated_row():
     rows = int(proc.stdout.split(" epoch rows")[0].rsplit("-> ", 1)[1].replace(",", ""))
     assert rows > 0.9 * 200 * 2  # 2 epochs a run, less the few runs cut short on purpose
     assert "200 runs found" in proc.stdout
+
+
+# --------------------------------------------------------------------------- command lines
+
+
+def _refused(script: str, *args: str, cwd=None) -> str:
+    """Run a benchmark with arguments it must refuse at once; its error message."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],
+                          capture_output=True, text=True, timeout=60, cwd=cwd)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("script, args, error", [
+    ("bench_training.py", ["--quick", "--steps", "-3"], "argument --steps: must be an integer >= 1, got -3"),
+    ("bench_training.py", ["--steps", "0"], "argument --steps: must be an integer >= 1"),
+    ("bench_training.py", ["--repeats", "0"], "argument --repeats: must be an integer >= 1"),
+    ("bench_training.py", ["--rounds", "0"], "argument --rounds: must be an integer >= 1"),
+    ("bench_training.py", ["--block-steps", "0"], "argument --block-steps: must be an integer >= 1"),
+    ("bench_training.py", ["--block-steps", "-1"], "argument --block-steps: must be an integer >= 1"),
+    ("bench_training.py", ["--startup-repeats", "0"], "argument --startup-repeats: must be an integer >= 1"),
+    ("bench_training.py", ["--batch-size", "0"], "argument --batch-size: must be an integer >= 1"),
+    ("bench_training.py", ["--batch-size", "-5"], "argument --batch-size: must be an integer >= 1"),
+    ("bench_training.py", ["--val-size", "-1"], "argument --val-size: must be an integer >= 1"),
+    ("bench_training.py", ["--timeout", "0"], "argument --timeout: must be a number of seconds > 0"),
+    ("bench_training.py", ["--timeout", "inf"], "argument --timeout: must be a number of seconds > 0"),
+    ("bench_allreduce.py", ["--rounds", "0"], "argument --rounds: must be an integer >= 1"),
+    ("bench_allreduce.py", ["--numel", "-1"], "argument --numel: must be an integer >= 1"),
+    ("step_jitter.py", ["--steps", "0"], "argument --steps: must be an integer >= 1"),
+    ("step_jitter.py", ["--steps", "-1"], "argument --steps: must be an integer >= 1"),
+    ("step_jitter.py", ["--batch-size", "0"], "argument --batch-size: must be an integer >= 1"),
+    ("step_phases.py", ["--rounds", "0"], "argument --rounds: must be an integer >= 1"),
+    ("step_phases.py", ["--block-steps", "1"],
+     "argument --block-steps: must be an integer >= 2, got 1: the first step of each block is left out"),
+    ("step_phases.py", ["--batch-size", "x"], "argument --batch-size: must be an integer >= 1, got 'x'"),
+    ("bench_analysis.py", ["--runs", "0"], "argument --runs: must be an integer >= 1"),
+    ("bench_analysis.py", ["--runs", "-5"], "argument --runs: must be an integer >= 1"),
+    ("bench_analysis.py", ["--epochs", "0"], "argument --epochs: must be an integer >= 1"),
+    ("textbook_ddp.py", ["--root", "x", "--threads", "0"], "argument --threads: must be an integer >= 1"),
+])
+def test_benchmarks_refuse_nonsense_numbers_before_any_work(script, args, error):
+    # argparse's own error and exit 2: no traceback, no hang, no default put in the place of 0
+    assert error in _refused(script, *args)
+
+
+def test_bench_training_takes_defaults_only_for_absent_options():
+    args = bench.parse_args(["--quick", "--steps", "7"])
+    assert (args.steps, args.rounds, args.block_steps, args.repeats, args.startup_repeats) == (7, 2, 2, 1, 1)
+    args = bench.parse_args([])
+    assert (args.steps, args.rounds, args.block_steps, args.repeats, args.startup_repeats) == (60, 16, 5, 3, 3)
