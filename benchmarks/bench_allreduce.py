@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_training as bt  # noqa: E402  (it puts src/ on sys.path: ddpscale, here and in the workers)
-from bench_args import at_least  # noqa: E402
+from bench_args import at_least, output_file  # noqa: E402
 
 METHODS = ("shm", "gloo")
 EVICT_BYTES = 64 << 20
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=at_least(1), default=100, help="timed all-reduces per method and cache state (default 100)")
     p.add_argument("--numel", type=at_least(1), default=None, help="floats per all-reduce (default: the CNN's gradient)")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument("--json", type=output_file, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     if args.numel is None:
         args.numel = cnn_gradient_numel()

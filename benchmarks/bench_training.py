@@ -71,7 +71,7 @@ REPO = Path(__file__).resolve().parents[1]
 THIS = Path(__file__).resolve()
 sys.path.insert(0, str(REPO / "src"))  # ddpscale, here and in the spawned workers
 sys.path.insert(0, str(THIS.parent))  # bench_args, also where this file is imported by path
-from bench_args import at_least, seconds  # noqa: E402
+from bench_args import at_least, output_file, seconds  # noqa: E402
 TEXTBOOK = THIS.parent / "textbook_ddp.py"
 PY = sys.executable
 MEAN, STD = 0.2860, 0.3530  # conf/data/fashion_mnist.yaml
@@ -789,7 +789,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val-size", type=at_least(1), default=512, help="validation images of the ddpscale runs (untimed)")
     p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/*.gz (default: data/, then ../shared/data)")
     p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, one repeat, no 1-worker default-thread cases")
-    p.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
+    p.add_argument("--json", type=output_file, default=None, help="also write every figure to this JSON file")
     p.add_argument("--timeout", type=seconds, default=300, help="seconds allowed per subprocess")
     p.add_argument("--worker", choices=["nosync", "interleaved", "bare"], help=argparse.SUPPRESS)
     p.add_argument("--block-steps", type=at_least(1), default=None, help="steps per interleaved block (default 5; quick 2)")

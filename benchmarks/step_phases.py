@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_training as bt  # noqa: E402
-from bench_args import at_least  # noqa: E402
+from bench_args import at_least, output_file  # noqa: E402
 
 KINDS = ("unsynced", "lockstep", "staggered", "synced")
 LABELS = {"unsynced": "unsynced", "lockstep": "lock-step", "staggered": "staggered", "synced": "synced"}
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-steps", type=at_least(2, "the first step of each block is left out"), default=5, help="steps per block (default 5)")
     p.add_argument("--batch-size", type=at_least(1), default=128, help="per process (default 128)")
     p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/*.gz (default: data/, then ../shared/data)")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    p.add_argument("--json", type=output_file, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     args.data_root = str(bt.find_raw(args.data_root).parent.parent)
     args.procs = 2

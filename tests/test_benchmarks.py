@@ -436,3 +436,29 @@ def test_bench_training_takes_defaults_only_for_absent_options():
     assert (args.steps, args.rounds, args.block_steps, args.repeats, args.startup_repeats) == (7, 2, 2, 1, 1)
     args = bench.parse_args([])
     assert (args.steps, args.rounds, args.block_steps, args.repeats, args.startup_repeats) == (60, 16, 5, 3, 3)
+
+
+_SMALL = {  # the smallest run of each, so that a check that comes too late costs little
+    "bench_training.py": ["--quick", "--steps", "1", "--rounds", "1"],
+    "bench_allreduce.py": ["--rounds", "1", "--numel", "8"],
+    "step_jitter.py": ["--steps", "1", "--batch-size", "2"],
+    "step_phases.py": ["--rounds", "1", "--batch-size", "2"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(_SMALL))
+def test_benchmarks_check_the_json_path_before_running(script, tmp_path):
+    # an empty --data-root fails at once after the parse: a run that got that far
+    # would have checked the --json path only after its last figure
+    no_data = [] if script == "bench_allreduce.py" else ["--data-root", str(tmp_path)]
+    missing = tmp_path / "no-such-dir" / "out.json"
+    error = _refused(script, *_SMALL[script], *no_data, "--json", str(missing))
+    assert error.endswith(f"argument --json: cannot write {missing}: {missing.parent} does not exist")
+    error = _refused(script, *_SMALL[script], *no_data, "--json", str(tmp_path))
+    assert error.endswith(f"argument --json: {tmp_path} is a directory; give a file name in it")
+    assert not missing.parent.exists()
+
+
+def test_json_path_under_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    assert "file is not a directory" in _refused("step_jitter.py", "--json", str(tmp_path / "file" / "out.json"))
