@@ -224,7 +224,10 @@ class Bench:
 
 
 def find_raw(data_root: str | None) -> Path:
-    candidates = [Path(data_root)] if data_root else [REPO / "data", REPO.parent / "shared" / "data"]
+    """FashionMNIST/raw under --data-root, or the default roots; an absolute path, as the
+    runs it is handed to work in the checkout, not in the caller's directory."""
+    candidates = ([Path(os.path.abspath(Path(data_root).expanduser()))] if data_root
+                  else [REPO / "data", REPO.parent / "shared" / "data"])
     for root in candidates:
         raw = root / "FashionMNIST" / "raw"
         if all((raw / name).is_file() for name in RAW_FILES):

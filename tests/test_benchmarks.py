@@ -462,3 +462,18 @@ def test_benchmarks_check_the_json_path_before_running(script, tmp_path):
 def test_json_path_under_a_file_is_refused(tmp_path):
     (tmp_path / "file").write_text("")
     assert "file is not a directory" in _refused("step_jitter.py", "--json", str(tmp_path / "file" / "out.json"))
+
+
+def _raw_folder(root, names) -> None:
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in names:
+        (raw / name).write_bytes(b"")
+
+
+def test_a_relative_data_root_is_read_from_the_callers_directory(tmp_path, monkeypatch):
+    # the runs it is handed to start in the checkout: a relative path would point there
+    _raw_folder(tmp_path / "d", bench.RAW_FILES)
+    monkeypatch.chdir(tmp_path)
+    assert bench.find_raw("d") == tmp_path / "d" / "FashionMNIST" / "raw"
+    assert bench.find_raw("./x/../d").is_absolute()
