@@ -9,7 +9,7 @@ with a few failed, running and truncated runs mixed in), then times:
   3. the full command in a fresh interpreter, plots and report included
 
     .venv/bin/python benchmarks/bench_analysis.py                 # temp dir, removed after
-    .venv/bin/python benchmarks/bench_analysis.py --dir /tmp/big  # kept for a look at the report
+    .venv/bin/python benchmarks/bench_analysis.py --dir /tmp/big  # new or empty; kept for a look at the report
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "src"))  # ddpscale's config schema
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_args
 
-from bench_args import at_least  # noqa: E402
+from bench_args import at_least, new_directory  # noqa: E402
 from multirun_analysis.schema import EXTRA_NUMERIC, EXTRA_SETTINGS, REQUIRED  # noqa: E402
 
 # The columns train.py writes: the contract's, then the optional ones the analysis reads.
@@ -163,9 +163,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=at_least(1), default=5, help="epochs per completed run (default 5)")
     parser.add_argument(
         "--dir",
-        type=Path,
+        type=new_directory,
         default=None,
-        help="write the sweep (and DIR/analysis) here and keep it; reused if present",
+        help="write the sweep (and DIR/analysis) here and keep it; DIR must be new or empty",
     )
     args = parser.parse_args()
 
@@ -175,9 +175,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         root = args.dir or Path(scratch) / "sweep"
-        print(f"sweep: {args.runs:,} runs x {args.epochs} epochs in {root} ({os.cpu_count()} CPUs)")
-        if not (root / "2026-12-02").exists():
-            timed("write the sweep", lambda: write_sweep(root, args.runs, args.epochs))
+        kept = "" if args.dir else " (temporary, removed at exit; --dir DIR keeps it)"
+        print(f"sweep: {args.runs:,} runs x {args.epochs} epochs in {root}{kept} ({os.cpu_count()} CPUs)")
+        # always written afresh: --dir refuses a directory with an earlier sweep in it,
+        # whose runs would be timed under this run's count
+        timed("write the sweep", lambda: write_sweep(root, args.runs, args.epochs))
         collected = timed("collect (find and read every run)", lambda: collect([root]))
 
         def tables():
@@ -202,6 +204,9 @@ def main() -> None:
         if result.returncode != 0:
             sys.exit(f"the command failed:\n{result.stderr}")
         print("  -> " + result.stdout.strip().replace("\n", "\n  -> "))
+        if not args.dir:
+            print("  (the report and the sweep are in a temporary directory, removed at exit: "
+                  "--dir DIR keeps them)")
 
 
 if __name__ == "__main__":

@@ -55,3 +55,18 @@ def output_file(text: str) -> Path:
     if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"cannot write {path}: its directory {parent} is not writable")
     return path
+
+
+def new_directory(text: str) -> Path:
+    """A directory to fill from scratch: absent (it is created) or empty, never reused."""
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()):
+        raise argparse.ArgumentTypeError(
+            f"{path} is not empty; give a new or empty directory (what is there would be read "
+            "with what this run writes)")
+    existing = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot create {path}: {existing} is not a writable directory")
+    return path

@@ -477,3 +477,29 @@ def test_a_relative_data_root_is_read_from_the_callers_directory(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     assert bench.find_raw("d") == tmp_path / "d" / "FashionMNIST" / "raw"
     assert bench.find_raw("./x/../d").is_absolute()
+
+
+def _analysis(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_analysis.py"), *args],
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_analysis_benchmark_refuses_a_used_dir_or_a_file(tmp_path):
+    # a second run into the same --dir timed the first run's sweep under its own count
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "2026-12-02").mkdir()
+    assert "argument --dir: " in _refused("bench_analysis.py", "--runs", "5", "--dir", str(tmp_path / "earlier"))
+    assert "is not empty" in _refused("bench_analysis.py", "--dir", str(tmp_path / "earlier"))
+    (tmp_path / "file").write_text("")
+    assert f"argument --dir: {tmp_path / 'file'} exists and is not a directory" in _refused(
+        "bench_analysis.py", "--dir", str(tmp_path / "file"))
+
+
+@pytest.mark.slow
+def test_analysis_benchmark_fills_a_new_dir_and_says_when_its_report_is_temporary(tmp_path):
+    proc = _analysis("--runs", "20", "--epochs", "1", "--dir", str(tmp_path / "d"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "d" / "analysis" / "report.html").is_file() and "temporary" not in proc.stdout
+    proc = _analysis("--runs", "20", "--epochs", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "in a temporary directory, removed at exit" in proc.stdout
