@@ -463,7 +463,8 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
     for key in ("solo1", "ddp1_1t", "limit2", "lock2", "ddp2", "ddp2_gloo", "tb2_1t"):
         print(row(key))
     print(f"  ddpscale's threads per worker at 2 workers: "
-          f"{cases['limit2'].extra.get('ddpscale_threads_at_2_workers')} (distributed.cpu_threads)")
+          f"{cases['limit2'].extra.get('ddpscale_threads_at_2_workers')}"
+          "   (train.threads unset: the usable cores // workers)")
     print(f"  ddpscale 2 workers / limit        : {f['ddpscale_ws2_vs_limit']:.3f}   (target >= {TARGETS['vs_limit']})")
     print(f"  same, median of paired repeats    : {f['ddpscale_ws2_vs_limit_paired']:.3f}"
           f"   ({_interval_text(f['ddpscale_ws2_vs_limit_paired_interval'])})")
@@ -487,9 +488,11 @@ def print_report(report: dict, cases: dict[str, Case]) -> None:
           "   (what ddpscale's gradient exchange adds to that)")
     print(f"  limit's own steps made lock-step  : {f['limit_lockstep_bound']:.3f}"
           "   (each step as long as the slower process's; median over the limit's runs)")
-    print(f"  textbook 2 workers / limit        : {f['textbook_1thread_ws2_vs_limit']:.3f}   (issue: about 0.84)")
+    print(f"  textbook 2 workers / limit        : {f['textbook_1thread_ws2_vs_limit']:.3f}"
+          "   (the issue statement put the textbook loop at about 0.84 of this limit on a 2-core machine)")
     print(f"  same, median of paired repeats    : {f['textbook_1thread_ws2_vs_limit_paired']:.3f}")
-    print(f"  limit / (2 x one process)         : {f['limit_vs_twice_one_proc']:.3f}   (issue: about 0.84)")
+    print(f"  limit / (2 x one process)         : {f['limit_vs_twice_one_proc']:.3f}"
+          "   (how much two processes slow each other here; 1: not at all)")
     print(f"  ddpscale 2 workers / (2 x 1 worker): {f['ddpscale_weak_scaling_efficiency']:.3f}")
 
     print("\n3. start to first training step (seconds from process start; median)")

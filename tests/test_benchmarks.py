@@ -164,6 +164,19 @@ def test_report_prints_every_comparison(capsys):
     assert out.count("bootstrap interval") == 3  # beside both weak-scaling verdicts and ddpscale / lock-step
 
 
+def test_report_names_what_its_figures_are_compared_with(capsys):
+    cases = _full_cases(1560.0, 1600.0)
+    report = {"machine": {"loadavg_end": (0.1, 0.1, 0.1)}, "settings": {"interleaved_block_steps": 5},
+              "startup": STARTUP, "startup_commands": {}, "figures": bench.summarise(cases, STARTUP)}
+    bench.print_report(report, cases)
+    out = capsys.readouterr().out
+    # the thread count comes from train.threads (unset); no config key distributed.cpu_threads exists
+    assert "threads per worker at 2 workers: 1   (train.threads unset" in out
+    assert "distributed.cpu_threads" not in out
+    assert "(issue: " not in out  # a bare "issue: about 0.84" said nothing a reader could check
+    assert "textbook loop at about 0.84 of this limit" in out
+
+
 # --------------------------------------------------------------------------- Meeting
 
 
