@@ -55,7 +55,6 @@ import json
 import os
 import platform
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -76,8 +75,8 @@ TEXTBOOK = THIS.parent / "textbook_ddp.py"
 PY = sys.executable
 MEAN, STD = 0.2860, 0.3530  # conf/data/fashion_mnist.yaml
 LR = 0.05  # conf/optim/sgd.yaml
-RAW_FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
+RAW_STEMS = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]  # each plain or .gz, as train.py reads them
 TARGETS = {"vs_textbook": 1.25, "vs_limit": 0.95, "startup_s": 3.0}
 MODES = ("synced", "unsynced", "lockstep")  # the interleaved case's kinds of block
 INTERVAL_LEVEL = 0.9  # of the bootstrap intervals printed beside the weak-scaling ratios
@@ -157,8 +156,9 @@ class Bench:
         self.ddp_root = None if self.raw.parent.parent == REPO / "data" else str(self.raw.parent.parent)
         self.tv_root = tmp / "torchvision"  # torchvision extracts its own copy here
         (self.tv_root / "FashionMNIST" / "raw").mkdir(parents=True)
-        for name in RAW_FILES:
-            shutil.copy(self.raw / name, self.tv_root / "FashionMNIST" / "raw" / name)
+        for stem in RAW_STEMS:  # extracted, as torchvision looks for them: it then reads
+            # them as they are, where a mix of plain and .gz files would send it downloading
+            (self.tv_root / "FashionMNIST" / "raw" / stem).write_bytes(raw_bytes(self.raw, stem))
         self.count = 0
 
     def size(self, world: int) -> int:
@@ -228,12 +228,26 @@ def find_raw(data_root: str | None) -> Path:
     runs it is handed to work in the checkout, not in the caller's directory."""
     candidates = ([Path(os.path.abspath(Path(data_root).expanduser()))] if data_root
                   else [REPO / "data", REPO.parent / "shared" / "data"])
-    for root in candidates:
-        raw = root / "FashionMNIST" / "raw"
-        if all((raw / name).is_file() for name in RAW_FILES):
+    folders = [root / "FashionMNIST" / "raw" for root in candidates]
+    for raw in folders:
+        if all(raw_file(raw, stem) for stem in RAW_STEMS):
             return raw
-    raise SystemExit(f"no Fashion-MNIST .gz files under {', '.join(str(c) for c in candidates)}"
-                     "/FashionMNIST/raw; pass --data-root DIR")
+    raise SystemExit(f"no Fashion-MNIST data in {' or '.join(str(f) for f in folders)} (looked for "
+                     f"{', '.join(RAW_STEMS)}, plain or .gz); pass --data-root DIR, with the four "
+                     "files in DIR/FashionMNIST/raw")
+
+
+def raw_file(raw: Path, stem: str) -> Path | None:
+    """The data file `stem` in `raw`: plain, else gzipped (train.py's order); None if neither."""
+    return next((p for p in (raw / stem, raw / f"{stem}.gz") if p.is_file()), None)
+
+
+def raw_bytes(raw: Path, stem: str) -> bytes:
+    """The contents of the data file `stem` in `raw`, decompressed if it is gzipped."""
+    import gzip
+
+    path = raw_file(raw, stem)
+    return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -760,15 +774,13 @@ def _train_step(model, optimizer, x, y, totals, after_backward=None) -> None:
 
 def bare_main(args: argparse.Namespace) -> None:
     """The least a training script must do before its first step; prints when it is done."""
-    import gzip
-
     import numpy as np
     import torch
     from torch import nn
 
     raw = Path(args.data_root) / "FashionMNIST" / "raw"
-    images = np.frombuffer(gzip.decompress((raw / RAW_FILES[0]).read_bytes()), np.uint8, offset=16)
-    labels = np.frombuffer(gzip.decompress((raw / RAW_FILES[1]).read_bytes()), np.uint8, offset=8)
+    images = np.frombuffer(raw_bytes(raw, RAW_STEMS[0]), np.uint8, offset=16)
+    labels = np.frombuffer(raw_bytes(raw, RAW_STEMS[1]), np.uint8, offset=8)
     x = torch.from_numpy(images.reshape(-1, 1, 28, 28).copy()).float().div_(255).sub_(MEAN).div_(STD)
     y = torch.from_numpy(labels.astype(np.int64))
     model = nn.Sequential(  # ddpscale's default CNN, layer for layer
@@ -793,7 +805,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--startup-repeats", type=at_least(1), default=None,
                    help="start-up repeats, median kept (default 3; quick 1)")
     p.add_argument("--val-size", type=at_least(1), default=512, help="validation images of the ddpscale runs (untimed)")
-    p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/*.gz (default: data/, then ../shared/data)")
+    p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/ holding the four files, plain or .gz "
+                   "(default: data/, then ../shared/data)")
     p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, one repeat, no 1-worker default-thread cases")
     p.add_argument("--json", type=output_file, default=None, help="also write every figure to this JSON file")
     p.add_argument("--timeout", type=seconds, default=300, help="seconds allowed per subprocess")

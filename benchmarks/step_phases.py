@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=at_least(1), default=40, help="rounds of the four kinds of block (default 40)")
     p.add_argument("--block-steps", type=at_least(2, "the first step of each block is left out"), default=5, help="steps per block (default 5)")
     p.add_argument("--batch-size", type=at_least(1), default=128, help="per process (default 128)")
-    p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/*.gz (default: data/, then ../shared/data)")
+    p.add_argument("--data-root", default=None, help="DIR with FashionMNIST/raw/ holding the four files, plain or .gz "
+                   "(default: data/, then ../shared/data)")
     p.add_argument("--json", type=output_file, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
     args.data_root = str(bt.find_raw(args.data_root).parent.parent)

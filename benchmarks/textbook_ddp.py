@@ -9,7 +9,8 @@ default config, so both sides train the identical network.
     python benchmarks/textbook_ddp.py --root DIR --world-size 2 --batch-size 128 \
         --train-size 5120 --epochs 2 [--threads 1]
 
-DIR must hold FashionMNIST/raw/*.gz (download=True extracts them without a network).
+DIR must hold FashionMNIST/raw/ with the four files, all plain or all .gz (download=True
+extracts .gz files without a network; bench_training.py hands it plain ones).
 Global rank 0 prints one `RESULT {json}` line per epoch: images/sec over that epoch,
 summed over ranks, timed like ddpscale times it (a barrier, then the clock).
 """
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--threads", type=at_least(1), default=None, help="default: torch's own")
     args = parser.parse_args()
 
-    datasets.FashionMNIST(args.root, train=True, download=True)  # extracts the .gz once
+    datasets.FashionMNIST(args.root, train=True, download=True)  # extracts .gz files once
     with socket.socket() as s:  # a free port (other jobs may share this machine)
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

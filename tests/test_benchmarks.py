@@ -283,8 +283,9 @@ def test_bare_worker_takes_one_step(fmnist_root):
 def test_textbook_loop_trains_and_reports(fmnist_root, tmp_path):
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
-    for name in bench.RAW_FILES:  # torchvision extracts its own copy next to them
-        (raw / name).write_bytes((fmnist_root / "FashionMNIST" / "raw" / name).read_bytes())
+    for stem in bench.RAW_STEMS:  # as found, plain or .gz: torchvision extracts its own copy of .gz files
+        source = bench.raw_file(fmnist_root / "FashionMNIST" / "raw", stem)
+        (raw / source.name).write_bytes(source.read_bytes())
     proc = subprocess.run([sys.executable, str(bench.TEXTBOOK), "--root", str(tmp_path), "--world-size", "2",
                            "--batch-size", "32", "--train-size", "256", "--epochs", "1", "--threads", "1"],
                           capture_output=True, text=True, timeout=180)
@@ -486,7 +487,7 @@ def _raw_folder(root, names) -> None:
 
 def test_a_relative_data_root_is_read_from_the_callers_directory(tmp_path, monkeypatch):
     # the runs it is handed to start in the checkout: a relative path would point there
-    _raw_folder(tmp_path / "d", bench.RAW_FILES)
+    _raw_folder(tmp_path / "d", [f"{stem}.gz" for stem in bench.RAW_STEMS])
     monkeypatch.chdir(tmp_path)
     assert bench.find_raw("d") == tmp_path / "d" / "FashionMNIST" / "raw"
     assert bench.find_raw("./x/../d").is_absolute()
@@ -516,3 +517,29 @@ def test_analysis_benchmark_fills_a_new_dir_and_says_when_its_report_is_temporar
     proc = _analysis("--runs", "20", "--epochs", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "in a temporary directory, removed at exit" in proc.stdout
+
+
+def test_data_files_are_found_plain_or_gzipped_as_train_py_reads_them(tmp_path):
+    stems = bench.RAW_STEMS
+    _raw_folder(tmp_path / "plain", stems)
+    _raw_folder(tmp_path / "mixed", [stems[0], *(f"{stem}.gz" for stem in stems[1:])])
+    for root in ("plain", "mixed"):
+        assert bench.find_raw(str(tmp_path / root)) == tmp_path / root / "FashionMNIST" / "raw"
+
+
+def test_missing_data_names_every_folder_and_file_it_looked_for(tmp_path):
+    _raw_folder(tmp_path / "three", [f"{stem}.gz" for stem in bench.RAW_STEMS[1:]])
+    with pytest.raises(SystemExit) as exc:
+        bench.find_raw(str(tmp_path / "three"))
+    message = str(exc.value)
+    assert f"no Fashion-MNIST data in {tmp_path / 'three' / 'FashionMNIST' / 'raw'} (looked for " in message
+    assert "train-images-idx3-ubyte, " in message and "plain or .gz" in message
+
+
+def test_data_file_contents_read_the_same_plain_or_gzipped(tmp_path):
+    import gzip
+
+    idx = bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 8, 9])  # an IDX vector of 3 bytes
+    (tmp_path / "a").write_bytes(idx)
+    (tmp_path / "b.gz").write_bytes(gzip.compress(idx))
+    assert bench.raw_bytes(tmp_path, "a") == bench.raw_bytes(tmp_path, "b") == idx
