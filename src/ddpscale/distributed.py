@@ -473,17 +473,17 @@ def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: Dist
             time.sleep(0.1)
         given = {f"node {n}": json.loads(store.get(key)) for n, key in enumerate(keys)}
         read = store.add(_READ, 1)
-        gpus = disagreement({who: {"distributed.num_gpus": s.get("distributed.num_gpus")}
-                             for who, s in given.items()})
-        other = disagreement(given)
-        if other:
+        differ = disagreement(given)
+        if differ:
             while d.node_id == 0 and read < d.num_nodes and time.monotonic() < deadline:
                 time.sleep(0.05)  # node 0's store goes with this process: let the others read first
                 read = store.add(_READ, 0)
-            if gpus:
+            gpus = disagreement({who: {"distributed.num_gpus": s["distributed.num_gpus"]}
+                                 for who, s in given.items()})
+            if gpus:  # the first thing to fix: it decides the world size and every rank number
                 raise ConfigError(f"the nodes were given different {gpus}; give "
                                   "every node the same value: each starts that many workers")
-            raise ConfigError(f"the nodes were given different settings: {other}; give every node the "
+            raise ConfigError(f"the nodes were given different settings: {differ}; give every node the "
                               "same overrides (only distributed.node_id differs)")
     except dist.DistNetworkError as err:  # only a joining node's store can go away
         raise RuntimeError(

@@ -47,6 +47,18 @@ _STOP_SIGNAL_NUMBERS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTE
                              if hasattr(signal, name))
 
 
+def catch_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
+    """Install `handler` for every stop signal not ignored now; the handlers it replaced, to
+    give back to `restore_signals` (the job here, the local sweep in the slurm launcher)."""
+    return {s: signal.signal(s, handler) for s in _STOP_SIGNAL_NUMBERS
+            if signal.getsignal(s) is not signal.SIG_IGN}
+
+
+def restore_signals(saved: dict[int, Any]) -> None:
+    for s, previous in saved.items():
+        signal.signal(s, previous)
+
+
 class Interrupted(BaseException):
     """SIGINT, SIGTERM or SIGHUP reached the run. A BaseException, like KeyboardInterrupt, so that
     no `except Exception` on the way (a download's retry, say) mistakes it for a failure."""
@@ -369,12 +381,10 @@ class _StopSignals:
         self.received: int | None = None
         self.winding_up = False
         self.holding = False
-        self.saved = {s: signal.signal(s, self._handler) for s in _STOP_SIGNAL_NUMBERS
-                      if signal.getsignal(s) is not signal.SIG_IGN}
+        self.saved = catch_stop_signals(self._handler)
 
     def __exit__(self, *exc) -> None:
-        for s, previous in self.saved.items():
-            signal.signal(s, previous)
+        restore_signals(self.saved)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:

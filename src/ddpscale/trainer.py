@@ -283,8 +283,8 @@ class Trainer:
         """Whether every rank's weights are finite: once one is nan or inf, every later step
         is nan too, so the rest of the run would only spend time (a loss of nan or inf alone
         can pass: fp16's gradient scaler skips such a step)."""
-        finite = torch.tensor([float(all(bool(p.isfinite().all()) for p in self.model.module.parameters()))],
-                              device=self.ctx.device)
+        checks = [p.isfinite().all() for p in self.model.module.parameters()]
+        finite = torch.stack(checks).all().float().reshape(1)  # on the device: one sync, not one per tensor
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # every rank stops together
         return bool(finite.item())
 

@@ -29,6 +29,8 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
 
+from ddpscale.launch import catch_stop_signals, restore_signals
+
 log = logging.getLogger(__name__)
 
 
@@ -198,14 +200,11 @@ class _StopSignals:
 
     def __enter__(self) -> "_StopSignals":
         self.stopped = False
-        hangup = [signal.SIGHUP] if hasattr(signal, "SIGHUP") else []
-        self.saved = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM, *hangup)
-                      if signal.getsignal(s) is not signal.SIG_IGN}
+        self.saved = catch_stop_signals(self._handler)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for s, previous in self.saved.items():
-            signal.signal(s, previous)
+        restore_signals(self.saved)
 
     @contextmanager
     def sigint_ignored(self) -> Iterator[None]:
