@@ -99,17 +99,16 @@ def plot_throughput(configs: pd.DataFrame, path: Path) -> Path | None:
     """Throughput (mean ± std over seeds) against world size; lines join runs of one per-worker batch."""
     if configs.empty or configs.images_per_sec.isna().all():
         return None
-    keys = [k for k in config_keys(configs.columns) if k not in (*WORLD, "global_batch_size")]
     palette = line_palette(configs)
     table = configs.assign(
-        line=lambda d: d.groupby(keys, dropna=False).ngroup(),
-        label=lambda d: _labels(d, keys, always=("batch_size",)),
+        line=_line_key,
+        label=lambda d: _labels(d, _line_keys(d.columns), always=("batch_size",)),
     )
     shown, total = _top_groups(table, "line")
     fig = _figure(10, 5.0 + 0.22 * shown.line.nunique())
     ax = fig.subplots()
     for label, line in shown.sort_values("world_size").groupby("label", sort=False):
-        i = palette[_line_key(line).iloc[0]]
+        i = palette[line.line.iloc[0]]
         for suffix, marker, points in _layouts(line):
             ax.errorbar(
                 points.world_size.astype(float),
@@ -254,10 +253,14 @@ def line_palette(configs: pd.DataFrame) -> dict[str, int]:
     return {key: i for i, key in enumerate(keys)}
 
 
+def _line_keys(columns) -> list[str]:
+    """The settings a throughput line keeps: all but the world layout and the global batch."""
+    return [k for k in config_keys(columns) if k not in (*WORLD, "global_batch_size")]
+
+
 def _line_key(frame: pd.DataFrame) -> pd.Series:
-    """Each row's settings but the world layout and global batch, as text."""
-    keys = [k for k in config_keys(frame.columns) if k not in (*WORLD, "global_batch_size")]
-    return joined_labels(frame, keys)
+    """Each row's line (a configuration but for its world layout), as text."""
+    return joined_labels(frame, _line_keys(frame.columns))
 
 
 _LAYOUT_MARKERS = ["o", "s", "^", "D", "v", "P"]
