@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from .render import (
     to_html,
     to_markdown,
 )
-from .runs import INCLUSION_RULE, run_names
+from .runs import INCLUSION_RULE
 from .schema import settings_in
 from .sweep import Analysis
 
@@ -271,7 +272,7 @@ def _runs_view(analysis: Analysis) -> pd.DataFrame:
     """The runs table for reading: path relative to the sweep, status, varying settings, results."""
     runs = analysis.runs
     return runs.assign(
-        run=run_names(runs.path, analysis.sweep_dirs),
+        run=_run_names(runs.path, analysis.sweep_dirs),
         epochs_done=runs.epochs_done.astype(str) + "/" + runs.epochs.map(format_value),
     )[
         [
@@ -286,3 +287,14 @@ def _runs_view(analysis: Analysis) -> pd.DataFrame:
             "problem",
         ]
     ]
+
+
+def _run_names(paths: pd.Series, sweep_dirs) -> pd.Series:
+    """Each run's path below the analysed directories; its own name when that is the run itself."""
+    base = os.path.commonpath([os.path.abspath(d) for d in sweep_dirs])
+
+    def name(path: str) -> str:
+        relative = os.path.relpath(os.path.abspath(path), base)
+        return os.path.basename(os.path.abspath(path)) if relative == "." else relative
+
+    return paths.map(name)

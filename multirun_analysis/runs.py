@@ -9,7 +9,6 @@ the reason it was left out.
 
 from __future__ import annotations
 
-import os
 from functools import reduce
 
 import numpy as np
@@ -187,14 +186,3 @@ def _join(left: pd.Series, right: pd.Series) -> pd.Series:
 
 def _k_of_n(runs: pd.DataFrame) -> pd.Series:
     return runs.epochs_done.astype(str) + " of " + runs.epochs.map(format_value) + " epochs"
-
-
-def run_names(paths: pd.Series, sweep_dirs) -> pd.Series:
-    """Each run's path below the analysed directories; its own name when that is the run itself."""
-    base = os.path.commonpath([os.path.abspath(d) for d in sweep_dirs])
-
-    def name(path: str) -> str:
-        relative = os.path.relpath(os.path.abspath(path), base)
-        return os.path.basename(os.path.abspath(path)) if relative == "." else relative
-
-    return paths.map(name)
