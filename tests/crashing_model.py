@@ -4,9 +4,11 @@ A module of its own, with a schema class of its own, as a plug-in should be: the
 hydra/launcher=slurm_local unpickle the job's config store, whose CrashingCNNConfig names
 this module, so they import it and find the model (`model=crashing_cnn`). Spawned workers
 re-run crashing_train.py's imports. `model.name=crashing_cnn` works too, but not under
-slurm_local.
+slurm_local. `model.name=short_cnn` is another slip a plug-in makes: a CNN with one class too
+few.
 """
 
+import dataclasses
 import os
 import signal
 import sys
@@ -17,7 +19,7 @@ from pathlib import Path
 import torch.distributed as dist
 from hydra.core.config_store import ConfigStore
 
-from ddpscale.config import CNNConfig
+from ddpscale.config import CNNConfig, DataConfig
 from ddpscale.models import CNN, MODELS
 
 
@@ -54,5 +56,12 @@ class CrashingCNN(CNN):
         return super().forward(x)
 
 
+def cnn_short_of_a_class(cfg: CNNConfig, data: DataConfig) -> CNN:
+    """A plug-in author's slip: the CNN built for one class fewer than the data set has
+    (`model.name=short_cnn`)."""
+    return CNN(cfg, dataclasses.replace(data, num_classes=data.num_classes - 1))
+
+
 MODELS["crashing_cnn"] = CrashingCNN
+MODELS["short_cnn"] = cnn_short_of_a_class
 ConfigStore.instance().store(group="model", name="crashing_cnn", node=CrashingCNNConfig)

@@ -204,6 +204,19 @@ def test_training_that_diverges_stops_after_that_epoch_marked_failed(tmp_path):
     assert [(r["epoch"], r["train_loss"]) for r in read_rows(tmp_path / "run")] == [("1", "nan")]
 
 
+def test_a_model_with_fewer_outputs_than_classes_fails_naming_data_num_classes(tmp_path):
+    # It failed in every worker with torch's "IndexError: Target 9 is out of bounds."
+    proc = run_train(*QUICK, "model.name=short_cnn", "distributed.num_gpus=2", "train.epochs=1",
+                     f"hydra.run.dir={tmp_path}/run", script="tests/crashing_train.py")
+    assert proc.returncode == 1, output(proc)
+    run = read_run(tmp_path / "run")
+    assert run["status"] == "failed"
+    assert ("the model returned logits of shape (32, 9) for a batch of 32; the loss needs logits of shape "
+            "(32, 10), one score per class; model=short_cnn must return one tensor with data.num_classes=10 "
+            "outputs per example (data=synthetic): size its last layer") in run["error"]
+    assert "out of bounds" not in output(proc)
+
+
 def test_a_failed_job_does_not_stop_the_sweep(tmp_path):
     proc = run_train(*QUICK, "train.epochs=1", "model.name=crashing_cnn,cnn",
                      "distributed.num_gpus=2", f"hydra.sweep.dir={tmp_path}", "-m",

@@ -5,6 +5,7 @@ sync probe leaves training as it was, and the precision and memory-format knobs 
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -17,7 +18,7 @@ from ddpscale.distributed import Placement, Rendezvous, WorkerContext, host_stor
 from ddpscale.models import CNN, WideResNet
 from ddpscale.optim import build_scheduler
 from ddpscale.results import Reporter
-from ddpscale.trainer import Trainer, build_precision
+from ddpscale.trainer import Trainer, WrongLogits, build_precision
 
 CPU = torch.device("cpu")
 LAST_RANK_LINGERS_S = 0.5
@@ -114,6 +115,20 @@ def _lone_trainer(**knobs) -> Trainer:
     ctx = WorkerContext(Placement(0, 0, 1, 1, 0), CPU, "gloo", "spawn")
     model = CNN(CNNConfig(), data_cfg)
     return Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), None, ctx, None, **knobs)
+
+
+@pytest.mark.parametrize("classes,wrap,says", [
+    (11, lambda logits: logits, "logits of shape (4, 10)"),
+    (10, lambda logits: (logits, None), "a tuple, not a tensor"),
+    (10, lambda logits: logits[:, :, None], "logits of shape (4, 10, 1)"),
+])
+def test_a_model_output_that_is_not_a_score_per_class_is_refused_before_the_loss(classes, wrap, says):
+    trainer = _lone_trainer(num_classes=classes)
+    forward = trainer.model.forward
+    trainer.model.forward = lambda x: wrap(forward(x))
+    with pytest.raises(WrongLogits, match=rf"the model returned {re.escape(says)} for a batch of 4; "
+                                          rf"the loss needs logits of shape \(4, {classes}\)"):
+        trainer._forward_backward(torch.randn(4, 3, 12, 12), torch.tensor([0, 1, 2, 3]), sync=True)
 
 
 def test_bf16_runs_the_forward_pass_in_bf16_and_keeps_fp32_gradients():

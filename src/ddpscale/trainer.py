@@ -74,6 +74,26 @@ class Diverged(RuntimeError):
         self.epoch, self.train_loss = epoch, train_loss
 
 
+class WrongLogits(ValueError):
+    """The model's output is not one score per class for each example: the loss would fail
+    deep inside torch ("Target 3 is out of bounds"), or take the wrong tensor of a tuple."""
+
+    def __init__(self, got: str, batch: int, classes: int, fix: str = ""):
+        super().__init__(f"the model returned {got} for a batch of {batch}; the loss needs logits "
+                         f"of shape ({batch}, {classes}), one score per class{fix}")
+        self.got, self.batch, self.classes = got, batch, classes
+
+
+def check_logits(logits: object, batch: int, classes: int) -> None:
+    """Raise WrongLogits unless `logits` is a (batch, classes) tensor. Only the shape is read,
+    so it costs no sync, and every rank runs the same model on as many examples: all of them
+    raise at the same step, and none is left waiting in a collective."""
+    if not isinstance(logits, torch.Tensor):
+        raise WrongLogits(f"a {type(logits).__name__}, not a tensor", batch, classes)
+    if tuple(logits.shape) != (batch, classes):
+        raise WrongLogits(f"logits of shape {tuple(logits.shape)}", batch, classes)
+
+
 def sync_share(with_sync: float, without: float, micro_batches: int = 1) -> float:
     """Share of an optimizer step's time spent on gradient sync, from the time of one
     micro-batch's forward/backward with and without the all-reduce: a step runs
@@ -96,6 +116,8 @@ class Trainer:
     channels_last: bool = False
     sync_probe_steps: int = 0
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    num_classes: int | None = None
+    """Classes of the data set: the model's output is checked against it (None: unchecked)."""
     loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
     _graph_recorded: bool = field(default=False, init=False)
 
@@ -201,6 +223,8 @@ class Trainer:
         with (nullcontext() if sync else self.model.no_sync()):
             with self.precision.autocast(self.ctx.device.type):
                 logits = self.model(x)
+                if self.num_classes is not None:
+                    check_logits(logits, len(y), self.num_classes)
                 loss = self.loss_fn(logits, y)
             scaled = loss / micro_batches
             if self.precision.scaler is not None:

@@ -19,7 +19,7 @@ from ddpscale.distributed import WorkerContext, device_names, wrap_ddp
 from ddpscale.models import build_model
 from ddpscale.optim import build_optimizer, build_scheduler
 from ddpscale.results import Reporter, settings_row
-from ddpscale.trainer import Diverged, Trainer, build_precision
+from ddpscale.trainer import Diverged, Trainer, WrongLogits, build_precision
 
 
 def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
@@ -46,11 +46,17 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
         grad_accum_steps=cfg.train.grad_accum_steps,
         channels_last=cfg.train.channels_last,
         sync_probe_steps=cfg.train.sync_probe_steps,
+        num_classes=cfg.data.num_classes,
     )
     try:
         trainer.fit(cfg.train.epochs)
     except Diverged as err:  # the trainer never reads the config: the fix is named here
         raise Diverged(err.epoch, err.train_loss, f"; try a smaller optim.lr (it is {cfg.optim.lr:g})") from None
+    except WrongLogits as err:
+        raise WrongLogits(err.got, err.batch, err.classes, (
+            f"; model={cfg.model.name} must return one tensor with data.num_classes={cfg.data.num_classes} "
+            f"outputs per example (data={cfg.data.name}): size its last layer from the data config "
+            "its builder receives")) from None
     gathered = [None] * ctx.world_size  # every rank's (checksum, torch threads)
     dist.all_gather_object(gathered, (trainer.replica_checksum(), torch.get_num_threads()))
     checksums = [checksum for checksum, _ in gathered]
