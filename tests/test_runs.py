@@ -194,13 +194,16 @@ def test_a_worker_leaving_with_exit_code_0_unasked_fails_the_run(tmp_path):
 
 def test_training_that_diverges_stops_after_that_epoch_marked_failed(tmp_path):
     # A nan loss was a completed run, exit 0, which trained on in nan to its last epoch.
-    proc = run_train(*QUICK, "distributed.num_gpus=2", "train.epochs=3", "optim.lr=1e10",
+    # The hint named only optim.lr, though the model or half precision can make the nan too.
+    proc = run_train(*QUICK, "distributed.num_gpus=2", "train.epochs=3", "optim.lr=1e10", "train.precision=bf16",
                      f"hydra.run.dir={tmp_path}/run")
     assert proc.returncode == 1, output(proc)
     run = read_run(tmp_path / "run")
     assert run["status"] == "failed"
-    assert ("training diverged in epoch 1: the weights are no longer finite (train_loss nan); "
-            "try a smaller optim.lr (it is 1e+10)") in run["error"]
+    assert ("training diverged in epoch 1: the weights are no longer finite (train_loss nan); usually the "
+            "steps are too large: try a smaller optim.lr (it is 1e+10); if that diverges too, look for a nan "
+            "or inf made in model=cnn's forward (a log or a division by 0), or train.precision=fp32 (it is "
+            "bf16)") in run["error"]
     assert [(r["epoch"], r["train_loss"]) for r in read_rows(tmp_path / "run")] == [("1", "nan")]
 
 

@@ -51,7 +51,7 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
     try:
         trainer.fit(cfg.train.epochs)
     except Diverged as err:  # the trainer never reads the config: the fix is named here
-        raise Diverged(err.epoch, err.train_loss, f"; try a smaller optim.lr (it is {cfg.optim.lr:g})") from None
+        raise Diverged(err.epoch, err.train_loss, _divergence_fix(cfg)) from None
     except WrongLogits as err:
         raise WrongLogits(err.got, err.batch, err.classes, (
             f"; model={cfg.model.name} must return one tensor with data.num_classes={cfg.data.num_classes} "
@@ -63,3 +63,12 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
     return {"replica_checksums": checksums, "replicas_identical": len(set(checksums)) == 1,
             "threads_per_worker": [threads for _, threads in gathered],
             "devices": device_names(ctx.device), "grad_allreduce": ddp_model.grad_allreduce}
+
+
+def _divergence_fix(cfg: Config) -> str:
+    """What to try after training diverged: a smaller learning rate, the usual cause, then
+    the places a learning rate cannot help (a forward pass making nan, half precision)."""
+    precision = "" if cfg.train.precision == "fp32" else f", or train.precision=fp32 (it is {cfg.train.precision})"
+    return (f"; usually the steps are too large: try a smaller optim.lr (it is {cfg.optim.lr:g}); if that "
+            f"diverges too, look for a nan or inf made in model={cfg.model.name}'s forward (a log or a "
+            f"division by 0){precision}")
