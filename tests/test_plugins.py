@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
 import subprocess
 import sys
 
 import pytest
+from hydra import compose, initialize_config_dir
 
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train
+from ddpscale.config import DataConfig, ModelConfig, OptimConfig, to_config
 from ddpscale.data import DATASETS
 from ddpscale.models import MODELS
 from ddpscale.optim import OPTIMIZERS
 
 pytestmark = pytest.mark.slow
 SCRIPT = "examples/plugin/train_plugins.py"
+EXTENDING = (REPO / "README.md").read_text().split("## Extending")[1].split("\n## ")[0]
 PLUGINS = ["data=stripes", "data.train_size=512", "data.val_size=128", "data.noise=1.0"]
 
 
@@ -65,3 +71,41 @@ def test_a_plugin_cannot_take_a_name_that_is_registered(registry, name):
         registry[name] = lambda *args: None
     registry[name] = builtin  # the same builder again (a module imported twice) is no clash
     assert registry[name] is builtin
+
+
+def test_the_readme_extending_example_runs_as_written(tmp_path):
+    # Its data option needed a schema path the README did not give, and an optimizer of one's
+    # own without keys of its own had no schema to start from (/schema/optim/optim).
+    commands = [line.strip() for line in EXTENDING.splitlines() if line.startswith("    python ")]
+    assert commands, "README's Extending shows no command"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # a user's shell, in the checkout
+    for n, command in enumerate(commands):
+        args = shlex.split(command)[1:]
+        proc = subprocess.run([sys.executable, *args, f"hydra.run.dir={tmp_path}/{n}"], cwd=REPO,
+                              capture_output=True, text=True, timeout=240, env=env)
+        assert proc.returncode == 0, f"{command}\n{output(proc)}"
+        assert read_run(tmp_path / str(n))["status"] == "completed"
+
+
+def test_the_files_the_readme_extending_quotes_are_the_examples_own():
+    quoted = re.findall(r"\n\n((?:    .*\n|\n(?=    ))+)", EXTENDING)
+    files = [block for block in quoted if block.startswith("    # examples/")]
+    assert files, "README's Extending quotes no example file"
+    for block in files:
+        text = "".join(line[4:] + "\n" for line in block.rstrip("\n").split("\n"))
+        path = text.split(":")[0][2:]
+        assert (REPO / path).read_text() == text, f"README's copy of {path} differs from the file"
+
+
+@pytest.mark.parametrize("group,schema,keys", [
+    ("model", ModelConfig, ""), ("data", DataConfig, "\ndownload: false\nnum_classes: 3"),
+    ("optim", OptimConfig, "\nlr: 0.2"),
+])
+def test_an_option_without_keys_of_its_own_starts_from_its_groups_schema(tmp_path, group, schema, keys):
+    (tmp_path / group).mkdir()
+    (tmp_path / group / "plain.yaml").write_text(f"defaults:\n  - /schema/{group}/{group}@_here_\n\n"
+                                                  f"name: plain{keys}\n")
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = to_config(compose("config", overrides=[f"hydra.searchpath=[file://{tmp_path}]", f"{group}=plain"]))
+    node = getattr(cfg, group)
+    assert type(node) is schema and node.name == "plain"

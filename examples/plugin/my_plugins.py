@@ -1,4 +1,5 @@
-"""A model and a data set of your own: a schema, a registry entry, a YAML option each.
+"""A model, a data set and an optimizer of your own: a registry entry and a YAML option each,
+and a schema for the model's and the data set's keys of their own.
 
 Kept in a module of its own (not in the script) so that every process that needs the
 entries imports it: spawned workers re-run the script's imports, and the tasks of
@@ -12,9 +13,10 @@ import torch
 from hydra.core.config_store import ConfigStore
 from torch import nn
 
-from ddpscale.config import DataConfig, ModelConfig
+from ddpscale.config import DataConfig, ModelConfig, OptimConfig
 from ddpscale.data import DATASETS, Split
 from ddpscale.models import MODELS
+from ddpscale.optim import OPTIMIZERS
 
 
 @dataclass
@@ -59,7 +61,14 @@ def stripes(cfg: StripesConfig, train: bool) -> Split:
     return Split(images + cfg.noise * torch.randn(images.shape, generator=g), labels)
 
 
+def rmsprop(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """RMSprop with torch's defaults but for the keys every optimizer has: its YAML option
+    starts from /schema/optim/optim, with no schema class of its own."""
+    return torch.optim.RMSprop(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
 ConfigStore.instance().store(group="schema/model", name="mlp", node=MLPConfig)
 ConfigStore.instance().store(group="schema/data", name="stripes", node=StripesConfig)
 MODELS["mlp"] = mlp
 DATASETS["stripes"] = stripes
+OPTIMIZERS["rmsprop"] = rmsprop

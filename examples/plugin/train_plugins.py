@@ -1,6 +1,6 @@
 """train.py with the plug-ins of my_plugins.py and their YAML options on Hydra's search path.
 
-    python examples/plugin/train_plugins.py model=mlp data=stripes distributed.num_gpus=2
+    python examples/plugin/train_plugins.py model=mlp data=stripes optim=rmsprop distributed.num_gpus=2
 """
 
 import os
@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]  # my_plugins, and train.py of the checkout
+# my_plugins, train.py of the checkout and its ddpscale, which my_plugins imports first: the
+# ddpscale that train.py beside it runs, not another one installed
+PATHS = [str(HERE), str(HERE.parents[1]), str(HERE.parents[1] / "src")]
+sys.path[:0] = PATHS
 # hydra/launcher=slurm's tasks unpickle train.main and the config (whose schema classes
 # name my_plugins) from any working directory
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    filter(None, [str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*PATHS, os.environ.get("PYTHONPATH")]))
 
 import my_plugins  # noqa: E402,F401  (registers the model, the data set and the schema)
 import train  # noqa: E402

@@ -248,7 +248,11 @@ def register_configs() -> None:
     cs.store(group="schema", name="config", node=Config)
     for (group, name), schema in _BUILT_IN_SCHEMAS.items():
         cs.store(group=f"schema/{group}", name=name, node=schema)
+    # The fields every option of a group has: what a plug-in without keys of its own starts
+    # from (/schema/model/model@_here_, ...; README: Extending).
+    cs.store(group="schema/model", name="model", node=ModelConfig)
     cs.store(group="schema/data", name="data", node=DataConfig)
+    cs.store(group="schema/optim", name="optim", node=OptimConfig)
     cs.store(group="schema/distributed", name="distributed", node=DistributedConfig)
 
 
