@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import re
 import subprocess
 import sys
 import time
@@ -88,6 +90,30 @@ def test_model_options_read_shape_from_data():
 
     net = build_model(cfg.model, cfg.data)
     assert net(torch.zeros(2, 3, 32, 32)).shape == (2, 5)
+
+
+@pytest.mark.parametrize("group,returns,says", [
+    ("model", lambda cfg, data: CNNConfig, "model=mine's builder returned the class CNNConfig, not an nn.Module; "
+                                           "it must be a builder(model_cfg, data_cfg) that returns the model"),
+    ("model", lambda cfg, data: None, "model=mine's builder returned None, not an nn.Module"),
+    ("optim", lambda params, cfg: list(params), "optim=mine's builder returned a list, not a torch.optim.Optimizer; "
+                                                "it must be a builder(params, optim_cfg) that returns the optimizer"),
+])
+def test_a_plugged_in_builder_returning_the_wrong_thing_is_named(monkeypatch, group, returns, says):
+    # A model builder that returned its class failed in .to(device) with "'torch.device' object
+    # has no attribute '_apply'"; a list for an optimizer, at the first step.
+    import torch
+
+    from ddpscale.models import MODELS, build_model
+    from ddpscale.optim import OPTIMIZERS, build_optimizer
+
+    cfg = composed("data=synthetic")
+    monkeypatch.setitem(MODELS if group == "model" else OPTIMIZERS, "mine", returns)
+    with pytest.raises(TypeError, match=re.escape(says)):
+        if group == "model":
+            build_model(dataclasses.replace(cfg.model, name="mine"), cfg.data)
+        else:
+            build_optimizer([torch.nn.Parameter(torch.zeros(1))], dataclasses.replace(cfg.optim, name="mine"))
 
 
 @pytest.mark.parametrize("overrides,error", [

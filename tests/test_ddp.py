@@ -129,6 +129,10 @@ def _images_and_labels(n_images=16, n_labels=16, images=torch.float32, labels=to
     (_images_and_labels(labels=torch.int32), "has torch.int32 labels; its loader must return int64 labels"),
     (_images_and_labels(low=-1), "has a label -1; labels run from 0 to data.num_classes - 1"),
     (_images_and_labels(nan=True), "has images holding nan or inf values"),
+    (lambda cfg, train: (torch.zeros(16, 1, 8, 8), torch.zeros(16, dtype=torch.int64)),
+     "data=mine's loader returned a tuple for the training split; it must return ddpscale.data.Split"),
+    (lambda cfg, train: Split(torch.zeros(16, 1, 8, 8).numpy(), torch.zeros(16, dtype=torch.int64)),
+     r"data=mine's loader returned Split\(ndarray, Tensor\) for the training split"),
 ])
 def test_a_plugged_in_data_set_of_the_wrong_kind_is_named_before_any_worker(monkeypatch, loader, message):
     monkeypatch.setitem(DATASETS, "mine", loader)

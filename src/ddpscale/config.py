@@ -488,6 +488,18 @@ def registered(registry: Mapping[str, Any], key: str, name: str, where: str) -> 
     return registry[name]
 
 
+def built(thing: Any, kind: type, a_kind: str, key: str, name: str, wanted: str) -> Any:
+    """`thing`, which the builder registered for `key=name` returned, when it is `a_kind`; a
+    TypeError otherwise that says what it is and what it must be: a plug-in that returned
+    its class, None or a tuple failed later in torch ("'torch.device' object has no
+    attribute '_apply'")."""
+    if not isinstance(thing, kind):
+        got = (f"the class {thing.__name__}" if isinstance(thing, type) else "None" if thing is None
+               else f"a {type(thing).__name__}")
+        raise TypeError(f"{key}={name}'s builder returned {got}, not {a_kind}; it must be {wanted}")
+    return thing
+
+
 def _at_most(key: str, value: float, high: float, what: str) -> None:
     if value > high:
         shown = f"{value:g}" if isinstance(value, float) else value  # an int in full

@@ -159,6 +159,11 @@ def _check_tensors(cfg: DataConfig, split: Split, name: str) -> None:
     """A plug-in's split as Split says (a worker failed on each of these with torch's words,
     and nan images trained to a loss of nan that blamed optim.lr)."""
     what = f"data={cfg.name}'s {name} split"
+    if not isinstance(split, Split) or not all(isinstance(t, torch.Tensor) for t in (split.images, split.labels)):
+        got = (f"a {type(split).__name__}" if not isinstance(split, Split) else
+               f"Split({type(split.images).__name__}, {type(split.labels).__name__})")
+        raise ConfigError(f"data={cfg.name}'s loader returned {got} for the {name} split; it must return "
+                          "ddpscale.data.Split(images, labels), two torch tensors (torch.as_tensor(...))")
     images, labels = split.images, split.labels
     if len(images) != len(labels):
         raise ConfigError(f"{what} has {len(images)} images but {len(labels)} labels; its loader "

@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ddpscale.config import CNNConfig, DataConfig, ModelConfig, Registry, WideResNetConfig, registered
+from ddpscale.config import CNNConfig, DataConfig, ModelConfig, Registry, WideResNetConfig, built, registered
 
 
 class CNN(nn.Module):
@@ -88,4 +88,6 @@ MODELS: dict[str, Callable[[ModelConfig, DataConfig], nn.Module]] = Registry("mo
 
 def build_model(cfg: ModelConfig, data: DataConfig) -> nn.Module:
     """The model named by `cfg.name`, shaped for the data set's channels, size and classes."""
-    return registered(MODELS, "model", cfg.name, "ddpscale.models.MODELS")(cfg, data)
+    model = registered(MODELS, "model", cfg.name, "ddpscale.models.MODELS")(cfg, data)
+    return built(model, nn.Module, "an nn.Module", "model", cfg.name,
+                 "a builder(model_cfg, data_cfg) that returns the model (an nn.Module class taking those two works too)")

@@ -6,7 +6,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from ddpscale.config import AdamWConfig, ConfigError, OptimConfig, Registry, SGDConfig, registered
+from ddpscale.config import AdamWConfig, ConfigError, OptimConfig, Registry, SGDConfig, built, registered
 
 
 def _sgd(params: Iterable[torch.nn.Parameter], cfg: SGDConfig) -> torch.optim.Optimizer:
@@ -26,7 +26,9 @@ OPTIMIZERS: dict[str, Callable] = Registry("optimizer", {"sgd": _sgd, "adamw": _
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     """The optimizer named by `cfg.name` over `params`."""
-    return registered(OPTIMIZERS, "optim", cfg.name, "ddpscale.optim.OPTIMIZERS")(params, cfg)
+    optimizer = registered(OPTIMIZERS, "optim", cfg.name, "ddpscale.optim.OPTIMIZERS")(params, cfg)
+    return built(optimizer, torch.optim.Optimizer, "a torch.optim.Optimizer", "optim", cfg.name,
+                 "a builder(params, optim_cfg) that returns the optimizer over params")
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
