@@ -4,8 +4,8 @@ A module of its own, with a schema class of its own, as a plug-in should be: the
 hydra/launcher=slurm_local unpickle the job's config store, whose CrashingCNNConfig names
 this module, so they import it and find the model (`model=crashing_cnn`). Spawned workers
 re-run crashing_train.py's imports. `model.name=crashing_cnn` works too, but not under
-slurm_local. `model.name=short_cnn` is another slip a plug-in makes: a CNN with one class too
-few.
+slurm_local. `model.name=short_cnn` and `unused_layer_cnn` are slips a plug-in makes: a CNN
+with one class too few, one with a layer it never calls.
 """
 
 import dataclasses
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 from hydra.core.config_store import ConfigStore
+from torch import nn
 
 from ddpscale.config import CNNConfig, DataConfig
 from ddpscale.models import CNN, MODELS
@@ -62,6 +63,15 @@ def cnn_short_of_a_class(cfg: CNNConfig, data: DataConfig) -> CNN:
     return CNN(cfg, dataclasses.replace(data, num_classes=data.num_classes - 1))
 
 
+class CNNWithAnUnusedLayer(CNN):
+    """Another slip: a layer built and never called (`model.name=unused_layer_cnn`)."""
+
+    def __init__(self, cfg: CNNConfig, data: DataConfig):
+        super().__init__(cfg, data)
+        self.spare = nn.Linear(4, 4)
+
+
 MODELS["crashing_cnn"] = CrashingCNN
+MODELS["unused_layer_cnn"] = CNNWithAnUnusedLayer
 MODELS["short_cnn"] = cnn_short_of_a_class
 ConfigStore.instance().store(group="model", name="crashing_cnn", node=CrashingCNNConfig)

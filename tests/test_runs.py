@@ -220,6 +220,17 @@ def test_a_model_with_fewer_outputs_than_classes_fails_naming_data_num_classes(t
     assert "out of bounds" not in output(proc)
 
 
+def test_a_model_with_a_parameter_its_forward_never_uses_fails_naming_it(tmp_path):
+    # DDP failed at the second step, and run.json kept the last line of its message:
+    # "worker 0 raised In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG ..."
+    proc = run_train(*QUICK, "model.name=unused_layer_cnn", "distributed.num_gpus=2", "train.epochs=1",
+                     f"hydra.run.dir={tmp_path}/run", script="tests/crashing_train.py")
+    assert proc.returncode == 1, output(proc)
+    assert ("the model's parameters spare.weight, spare.bias got no gradient in the first step, and DDP "
+            "needs one for every parameter that requires it; use them in forward, or freeze them") \
+        in read_run(tmp_path / "run")["error"]
+
+
 def test_a_failed_job_does_not_stop_the_sweep(tmp_path):
     proc = run_train(*QUICK, "train.epochs=1", "model.name=crashing_cnn,cnn",
                      "distributed.num_gpus=2", f"hydra.sweep.dir={tmp_path}", "-m",

@@ -94,6 +94,18 @@ def check_logits(logits: object, batch: int, classes: int) -> None:
         raise WrongLogits(f"logits of shape {tuple(logits.shape)}", batch, classes)
 
 
+class UnusedParameters(ValueError):
+    """Parameters that got no gradient in the first step: DDP all-reduces every parameter that
+    requires one, so it waited for these, stepped on gradients it had not averaged, and failed
+    at the next step, advising a find_unused_parameters that ddpscale does not expose."""
+
+    def __init__(self, names: list[str]):
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        super().__init__(f"the model's parameters {shown} got no gradient in the first step, and DDP "
+                         "needs one for every parameter that requires it; use them in forward, or "
+                         "freeze them (requires_grad_(False)) or leave them out of the model")
+
+
 def sync_share(with_sync: float, without: float, micro_batches: int = 1) -> float:
     """Share of an optimizer step's time spent on gradient sync, from the time of one
     micro-batch's forward/backward with and without the all-reduce: a step runs
@@ -120,6 +132,7 @@ class Trainer:
     """Classes of the data set: the model's output is checked against it (None: unchecked)."""
     loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
     _graph_recorded: bool = field(default=False, init=False)
+    _used_checked: bool = field(default=False, init=False)
 
     def fit(self, epochs: int) -> list[EpochStats]:
         """Train for `epochs`, evaluating and reporting after each one; raise `Diverged`
@@ -230,6 +243,12 @@ class Trainer:
             if self.precision.scaler is not None:
                 scaled = self.precision.scaler.scale(scaled)
             scaled.backward()
+        if not self._used_checked:  # every rank alike: the replicas are one model
+            self._used_checked = True
+            module = getattr(self.model, "module", self.model)  # DDP's, or a bare model of its own
+            unused = [name for name, p in module.named_parameters() if p.requires_grad and p.grad is None]
+            if unused:
+                raise UnusedParameters(unused)
         return logits, loss
 
     def _optimizer_step(self) -> None:
