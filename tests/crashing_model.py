@@ -53,6 +53,8 @@ class CrashingCNN(CNN):
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 Path(os.environ["CRASH_PID_FILE"]).write_text(str(os.getpid()))
                 time.sleep(3600)
+            if how == "multiline":  # as DDP's errors are, a remark on the last line
+                raise RuntimeError(f"injected failure on rank {rank}\nsee the lines above")
             raise RuntimeError(f"injected failure on rank {rank}")
         return super().forward(x)
 

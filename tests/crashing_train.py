@@ -3,11 +3,12 @@
 Spawned workers import this file as their main module, so the extra model exists in
 them too. It shows how a model plugs into the registry, and lets tests crash one worker
 of a real run. Environment: CRASH_RANK (default 1), CRASH_EPOCH (default 1; after the
-first step of that epoch), CRASH_HOW=raise|sigkill|exit0|os_exit0|hang|stubborn (exit0: sys.exit(0),
-a worker that leaves early saying nothing is wrong; os_exit0: os._exit(0), the same without
-the SystemExit exception that ddpscale can catch; hang: sleep in forward, a worker stuck
-for good that still ends on a signal; stubborn: ignore SIGINT and SIGTERM and
-hang in forward, writing its pid to CRASH_PID_FILE: a worker slow to stop).
+first step of that epoch), CRASH_HOW=raise|multiline|sigkill|exit0|os_exit0|hang|stubborn
+(multiline: raise with a message of two lines; exit0: sys.exit(0), a worker that leaves
+early saying nothing is wrong; os_exit0: os._exit(0), the same without the SystemExit
+exception that ddpscale can catch; hang: sleep in forward, a worker stuck for good that
+still ends on a signal; stubborn: ignore SIGINT and SIGTERM and hang in forward, writing
+its pid to CRASH_PID_FILE: a worker slow to stop).
 """
 
 import os

@@ -168,6 +168,15 @@ def test_a_crashing_worker_ends_the_run_marked_failed(tmp_path):
     assert not list(temp.glob("pytorch-errorfile-*")), "torch's traceback pickles are deleted"
 
 
+def test_a_worker_error_of_several_lines_is_recorded_by_its_first(tmp_path):
+    # run.json kept the last line: "worker 0 raised see the lines above"
+    proc = run_train(*QUICK, "model.name=crashing_cnn", "distributed.num_gpus=1", "train.epochs=1",
+                     f"hydra.run.dir={tmp_path}/run", script="tests/crashing_train.py",
+                     env={"CRASH_RANK": "0", "CRASH_HOW": "multiline"})
+    assert proc.returncode == 1, output(proc)
+    assert read_run(tmp_path / "run")["error"] == "worker 0 raised RuntimeError: injected failure on rank 0"
+
+
 @pytest.mark.parametrize("workers, rank", [(1, 0), (2, 0), (2, 1)])
 def test_a_worker_calling_sys_exit_0_fails_the_run_saying_so(tmp_path, workers, rank):
     # It was recorded as completed, with no results.csv, and the sweep counted it so; with 2

@@ -538,13 +538,22 @@ def _configure_worker_logging(placement: ddist.Placement, plan: Plan) -> None:
 def _failure_message(err: BaseException) -> str:
     """One line that says which worker failed and why."""
     if isinstance(err, mp.ProcessRaisedException):
-        last = [line for line in str(err).strip().splitlines() if line.strip()][-1]
-        return f"worker {err.error_index} raised {last.strip()}"
+        return f"worker {err.error_index} raised {_raised_line(str(err))}"
     if isinstance(err, mp.ProcessExitedException):
         return f"worker {err.error_index} died: {err}"
     if isinstance(err, ddist.PeerFailure):
         return str(err)
     return f"{type(err).__name__}: {err}"
+
+
+def _raised_line(text: str) -> str:
+    """The exception line of a worker's formatted traceback ("RuntimeError: ..."): the first
+    unindented line after its last "Traceback" header, not the text's last line, which for
+    a message of several lines (DDP's) was only its final remark."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    headers = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    after = lines[headers[-1] + 1:] if headers else []
+    return next((line.strip() for line in after if not line[0].isspace()), lines[-1].strip())
 
 
 def _traceback_text(err: BaseException) -> str:
