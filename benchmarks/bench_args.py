@@ -41,6 +41,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A number in [0, 1]: an accuracy, or a gap between two."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text}")
+    return value
+
+
 def output_file(text: str) -> Path:
     """A file this process can create or overwrite: checked before the run, not after it."""
     path = Path(text).expanduser()

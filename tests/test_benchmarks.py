@@ -439,6 +439,10 @@ def _refused(script: str, *args: str, cwd=None) -> str:
     ("bench_analysis.py", ["--runs", "-5"], "argument --runs: must be an integer >= 1"),
     ("bench_analysis.py", ["--epochs", "0"], "argument --epochs: must be an integer >= 1"),
     ("textbook_ddp.py", ["--root", "x", "--threads", "0"], "argument --threads: must be an integer >= 1"),
+    ("bench_gpu.py", ["--device", "cpu", "--epochs", "1"], "argument --epochs: must be an integer >= 2, got 1: epoch 1"),
+    ("bench_gpu.py", ["--device", "cpu", "--cases", "fp32,nope"], "argument --cases: unknown case nope; choose from"),
+    ("bench_gpu.py", ["--device", "cpu", "--cases", "fp32,fp16"], "--cases fp16 needs --device cuda"),
+    ("bench_gpu.py", ["--device", "cpu", "--min-acc", "80"], "argument --min-acc: must be a number in [0, 1], got 80"),
 ])
 def test_benchmarks_refuse_nonsense_numbers_before_any_work(script, args, error):
     # argparse's own error and exit 2: no traceback, no hang, no default put in the place of 0
@@ -457,6 +461,7 @@ _SMALL = {  # the smallest run of each, so that a check that comes too late cost
     "bench_allreduce.py": ["--rounds", "1", "--numel", "8"],
     "step_jitter.py": ["--steps", "1", "--batch-size", "2"],
     "step_phases.py": ["--rounds", "1", "--batch-size", "2"],
+    "bench_gpu.py": ["--device", "cpu", "--cases", "fp32", "--epochs", "2", "--train-size", "8"],
 }
 
 
@@ -543,3 +548,30 @@ def test_data_file_contents_read_the_same_plain_or_gzipped(tmp_path):
     (tmp_path / "a").write_bytes(idx)
     (tmp_path / "b.gz").write_bytes(gzip.compress(idx))
     assert bench.raw_bytes(tmp_path, "a") == bench.raw_bytes(tmp_path, "b") == idx
+
+
+# --------------------------------------------------------------------------- one GPU
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_benchmark_without_a_gpu_says_to_use_the_cpu():
+    assert "--device cuda: no CUDA device is visible here" in _refused("bench_gpu.py")
+
+
+def test_gpu_benchmark_runs_train_py_on_both_data_paths_and_fails_a_check_that_does_not_hold(fmnist_root, tmp_path):
+    # the device check runs on a GPU machine lent now and then: its plumbing is tested here,
+    # on the CPU, with a val_acc bar no 2-epoch run on 512 images clears
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_gpu.py"), "--device", "cpu",
+                           "--cases", "fp32,dataloader", "--epochs", "2", "--train-size", "512",
+                           "--val-size", "256", "--min-acc", "0.99", "--data-root", str(fmnist_root),
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[FAILED] fp32: final val_acc" in proc.stdout
+    assert "[ok] in-memory and DataLoader paths agree" in proc.stdout
+    assert "fastest full epoch" not in proc.stdout  # 512 images are no full epoch
+    figures = json.loads(out.read_text())
+    for name in ("fp32", "dataloader"):
+        r = figures["results"][name]
+        assert (r["device"], r["train_count"]) == ("cpu", 512)
+        assert 0 < r["best_epoch_s"] <= r["median_epoch_s"] and r["images_per_sec"] > 0
