@@ -5,10 +5,12 @@ hydra/launcher=slurm_local unpickle the job's config store, whose CrashingCNNCon
 this module, so they import it and find the model (`model=crashing_cnn`). Spawned workers
 re-run crashing_train.py's imports. `model.name=crashing_cnn` works too, but not under
 slurm_local. `model.name=short_cnn` and `unused_layer_cnn` are slips a plug-in makes: a CNN
-with one class too few, one with a layer it never calls.
+with one class too few, one with a layer it never calls. `model.name=collecting_cnn` fails
+if Python's cycle collector is off while it trains.
 """
 
 import dataclasses
+import gc
 import os
 import signal
 import sys
@@ -73,7 +75,19 @@ class CNNWithAnUnusedLayer(CNN):
         self.spare = nn.Linear(4, 4)
 
 
+class CollectorCheckingCNN(CNN):
+    """The default CNN, failing if the cycle collector is off while it trains: train.py turns
+    it off for start-up, and a worker that never turned it back on would keep every reference
+    cycle of a long run (`model.name=collecting_cnn`)."""
+
+    def forward(self, x):
+        if self.training and not gc.isenabled():
+            raise RuntimeError(f"rank {dist.get_rank()}: the cycle collector is off while training")
+        return super().forward(x)
+
+
 MODELS["crashing_cnn"] = CrashingCNN
+MODELS["collecting_cnn"] = CollectorCheckingCNN
 MODELS["unused_layer_cnn"] = CNNWithAnUnusedLayer
 MODELS["short_cnn"] = cnn_short_of_a_class
 ConfigStore.instance().store(group="model", name="crashing_cnn", node=CrashingCNNConfig)

@@ -8,9 +8,11 @@ first step of that epoch), CRASH_HOW=raise|multiline|sigkill|exit0|os_exit0|hang
 early saying nothing is wrong; os_exit0: os._exit(0), the same without the SystemExit
 exception that ddpscale can catch; hang: sleep in forward, a worker stuck for good that
 still ends on a signal; stubborn: ignore SIGINT and SIGTERM and hang in forward, writing
-its pid to CRASH_PID_FILE: a worker slow to stop).
+its pid to CRASH_PID_FILE: a worker slow to stop). A run or sweep that returns with Python's
+cycle collector still off exits 3: train.py turns it off for start-up only.
 """
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -26,3 +28,6 @@ import train  # noqa: E402
 
 if __name__ == "__main__":
     train.main()
+    if not gc.isenabled():
+        print("the cycle collector is still off after the run", file=sys.stderr)
+        sys.exit(3)

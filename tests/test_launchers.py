@@ -131,9 +131,12 @@ def test_spawn_torchrun_and_submitit_give_the_same_results(tmp_path):
 def test_a_local_submitit_sweep_runs_one_job_at_a_time(tmp_path):
     """Jobs run together would share the cores and measure each other's load. And one task
     (num_gpus=1) is spawn mode inside the submitit job, whose __main__ is submitit's: the
-    workers' body must be importable from the package, not train.py."""
+    workers' body must be importable from the package, not train.py. The model fails if Python's
+    cycle collector is off while it trains, and the script exits 3 if it is off after the sweep:
+    train.py turns it off for start-up only."""
     proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1,2", "hydra/launcher=slurm_local",
-                     f"hydra.sweep.dir={tmp_path}", "-m")
+                     "model=crashing_cnn", "model.name=collecting_cnn", f"hydra.sweep.dir={tmp_path}", "-m",
+                     script="tests/crashing_train.py")
     assert proc.returncode == 0, output(proc)
     first, second = read_run(tmp_path / "0"), read_run(tmp_path / "1")
     assert first["status"] == "completed" and first["launcher"] == "spawn" and first["world_size"] == 1

@@ -30,6 +30,14 @@ def test_multirun_gives_one_complete_run_per_job(tmp_path):
     assert "2 run(s), 2 completed" in output(proc)
 
 
+def test_the_cycle_collector_runs_in_every_worker_and_in_the_sweep_process(tmp_path):
+    """train.py turns it off for the imports; left off, a long run or sweep keeps every cycle."""
+    proc = run_train(*QUICK, "train.epochs=1", "model.name=collecting_cnn", "distributed.num_gpus=1,2",
+                     f"hydra.sweep.dir={tmp_path}", "-m", script="tests/crashing_train.py")
+    assert proc.returncode == 0, output(proc)  # 3: still off in the sweep process after it
+    assert [read_run(tmp_path / job)["status"] for job in ("0", "1")] == ["completed", "completed"]
+
+
 def test_two_nodes_over_loopback_form_one_world_of_four(tmp_path):
     port = free_port()
     common = [*QUICK, "train.epochs=1", "distributed.num_gpus=2", "distributed.num_nodes=2",

@@ -9,6 +9,7 @@ process holds global rank 0 keeps `run.json` up to date.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -109,7 +110,18 @@ def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str])
     return outcome
 
 
+def resume_collector() -> None:
+    """Turn Python's cycle collector back on where train.py turned it off for start-up,
+    freezing what start-up made (modules, functions, the config) out of later collections.
+    Once per process: a sweep's later jobs find it on and leave it so (freezing again would
+    keep an earlier job's uncollected cycles for good)."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.enable()
+
+
 def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]) -> Outcome:
+    resume_collector()  # the job process, or under torchrun/SLURM the worker itself
     launcher = ddist.detect_launcher()
     record = None
     try:
@@ -438,6 +450,7 @@ def _in_place(cfg, worker, out_dir, device, backend, launcher, placement) -> dic
 
 def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_store: bool) -> dict:
     """Set up this worker's device, threads and process group, then run the body."""
+    resume_collector()  # a spawned worker: it ran train.py's start-up again
     _configure_worker_logging(placement, plan)
     if plan.device == "cuda":
         torch.cuda.set_device(placement.local_rank)

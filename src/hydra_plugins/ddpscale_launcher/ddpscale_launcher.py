@@ -29,14 +29,14 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf
 
-from ddpscale.launch import catch_stop_signals, restore_signals
+from ddpscale.launch import catch_stop_signals, restore_signals, resume_collector
 
 log = logging.getLogger(__name__)
 
 
 class _ShapedLauncher(BaseSubmititLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-
+        resume_collector()  # the sweep process runs no job itself, and waits on them for hours
         assert self.config is not None and self.hydra_context is not None
         groups: dict[tuple[int, int], list[tuple[int, list[str]]]] = defaultdict(list)
         in_order = []
