@@ -192,6 +192,17 @@ def test_a_job_shape_below_one_is_refused_before_submitit_sees_it(tmp_path, shap
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("launcher", ["slurm", "slurm_local"])
+@pytest.mark.parametrize("key, instead", [("nodes", "distributed.num_nodes"), ("tasks_per_node", "distributed.num_gpus")])
+def test_a_job_shape_given_to_the_launcher_is_refused_naming_the_key_it_belongs_to(tmp_path, launcher, key, instead):
+    # the launcher sets both from each job's shape: the value given would have been dropped
+    proc = run_train(*QUICK, f"hydra/launcher={launcher}", f"hydra.launcher.{key}=2",
+                     f"hydra.sweep.dir={tmp_path}", "-m")
+    assert proc.returncode == 2, output(proc)
+    assert f"hydra.launcher.{key}=2 is not read" in output(proc) and f"use {instead}=2 instead" in output(proc)
+    assert "Traceback" not in output(proc) and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("explicit_dir", [True, False])
 def test_several_nodes_on_the_local_submitit_launcher_are_refused_in_one_line(tmp_path, explicit_dir):
     where = [f"hydra.sweep.dir={tmp_path}"] if explicit_dir else []

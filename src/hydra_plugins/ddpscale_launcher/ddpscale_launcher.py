@@ -38,6 +38,14 @@ class _ShapedLauncher(BaseSubmititLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         resume_collector()  # the sweep process runs no job itself, and waits on them for hours
         assert self.config is not None and self.hydra_context is not None
+        for key, instead in (("nodes", "distributed.num_nodes"), ("tasks_per_node", "distributed.num_gpus")):
+            value = self.params.get(key, 1)
+            if value != 1:  # _executor sets both from each job's shape: the value would be dropped
+                print(f"error: hydra.launcher.{key}={value} is not read: ddpscale shapes each job "
+                      f"from {instead} (one task per worker); use {instead}={value} instead "
+                      "(nothing was started)", file=sys.stderr)
+                self._take_back_multirun_yaml()
+                sys.exit(2)
         groups: dict[tuple[int, int], list[tuple[int, list[str]]]] = defaultdict(list)
         in_order = []
         for offset, overrides in enumerate(job_overrides):
