@@ -144,13 +144,15 @@ def test_a_local_submitit_sweep_runs_one_job_at_a_time(tmp_path):
     assert second["start_time"] >= first["end_time"], "the second job started after the first ended"
 
 
-@pytest.mark.parametrize("send,name,code", [
-    (lambda pid: os.killpg(pid, signal.SIGINT), "SIGINT", 130),  # Ctrl-C in the terminal
+@pytest.mark.parametrize("send,name,code,recorded", [
+    # Ctrl-C in the terminal: the tasks get it too, and the run records it (it recorded the
+    # SIGTERM the sweep sent on at once, the tasks having inherited SIGINT ignored)
+    (lambda pid: os.killpg(pid, signal.SIGINT), "SIGINT", 130, "stopped by SIGINT"),
     # the sweep process alone, which must end the job itself: it said "interrupted; no run was
     # in progress" and left the job training as an orphan, with no later job and no summary
-    (lambda pid: os.kill(pid, signal.SIGHUP), "SIGHUP", 129),
+    (lambda pid: os.kill(pid, signal.SIGHUP), "SIGHUP", 129, "stopped by SIGTERM"),
 ], ids=["ctrl-c", "hangup"])
-def test_a_signal_stops_a_local_submitit_sweep_and_marks_its_run_interrupted(tmp_path, send, name, code):
+def test_a_signal_stops_a_local_submitit_sweep_and_marks_its_run_interrupted(tmp_path, send, name, code, recorded):
     proc = subprocess.Popen(
         [sys.executable, "train.py", *QUICK, "train.epochs=200", "distributed.num_gpus=2,1",
          "hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "-m"],
@@ -162,7 +164,8 @@ def test_a_signal_stops_a_local_submitit_sweep_and_marks_its_run_interrupted(tmp
     assert proc.returncode == code, log
     assert f"sweep stopped by {name}: job #0 was interrupted" in log and "Traceback" not in log
     assert "no run was in progress" not in log
-    assert read_run(tmp_path / "0")["status"] == "interrupted"
+    run = read_run(tmp_path / "0")
+    assert run["status"] == "interrupted" and recorded in run["error"], run
     assert not (tmp_path / "1").exists(), "no later job was started"
 
 

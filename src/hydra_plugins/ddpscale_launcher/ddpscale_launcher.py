@@ -89,6 +89,14 @@ class _ShapedLauncher(BaseSubmititLauncher):
             submitted += zip([idx for idx, _ in jobs], executor.map_array(self, *zip(*job_params)))
         return [_result(job, idx) for idx, job in submitted]
 
+    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        """One task of a job (in its own process). A local task inherits SIGINT ignored from
+        its controller (see sigint_ignored); taken back, Ctrl-C stops its run, which records
+        SIGINT, rather than the SIGTERM the controller would pass on a moment later."""
+        if self._EXECUTOR == "local":
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        return super().__call__(*args, **kwargs)
+
     def _take_back_multirun_yaml(self) -> None:
         """Hydra wrote multirun.yaml into the sweep directory before launching; a sweep
         refused before any job leaves nothing behind (a directory claimed for it goes too)."""
@@ -124,10 +132,11 @@ class _ShapedLauncher(BaseSubmititLauncher):
                     _end_stragglers(job, idx)
                     results.append(_result(job, idx))
                 except _Stopped as stopped:
-                    _terminate(job)  # the controller passes it on to the tasks and waits for them
-                    deadline = time.monotonic() + 30  # the job records its end, then exits
-                    while not job.done() and time.monotonic() < deadline:
-                        time.sleep(0.2)
+                    # Ctrl-C reached the tasks too (they stop and record SIGINT); SIGTERM only
+                    # for what they did not get: a signal to this process alone, or a task slow to stop
+                    if stopped.signum != signal.SIGINT or not _ends_within(job, CTRL_C_GRACE_S):
+                        _terminate(job)  # the controller passes it on to the tasks and waits for them
+                        _ends_within(job, 30)  # the job records its end, then exits
                     name = signal.Signals(stopped.signum).name
                     print(f"sweep stopped by {name}: job #{idx} was interrupted and no later job "
                           "was started", file=sys.stderr)
@@ -150,6 +159,7 @@ class _ShapedLauncher(BaseSubmititLauncher):
         return executor
 
 
+CTRL_C_GRACE_S = 5  # how long tasks that got Ctrl-C have to stop by themselves before SIGTERM
 STRAGGLER_GRACE_S = 10  # after task 0 has its result, how long the other tasks have to end
 
 
@@ -169,6 +179,14 @@ def _end_stragglers(job: Any, idx: int) -> None:
             _terminate(job)
             ended = True
         time.sleep(0.2)
+
+
+def _ends_within(job: Any, seconds: float) -> bool:
+    """Whether a local job ends within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return job.done()
 
 
 def _terminate(job: Any) -> None:
