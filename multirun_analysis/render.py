@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .schema import SETTINGS_ORDER
+
 
 @dataclass(frozen=True)
 class Heading:
@@ -52,12 +54,21 @@ _FIXED = {
 
 
 def format_value(value) -> str:
-    """A setting as a short string: 0.1, 64, cnn."""
+    """A setting as the user typed it: 0.05, 1e-05, 64, cnn. A float prints in the fewest digits
+    that read back as it (`:g` cut 0.00012345678 to 0.000123457), a whole one as an integer
+    (results.csv's numbers load as floats: batch 64.0 prints 64)."""
     if value is None or value is pd.NA or (isinstance(value, float) and value != value):
         return "?"
-    if isinstance(value, float):
-        return f"{value:g}"
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
     return str(value)
+
+
+def is_setting(name) -> bool:
+    """Whether a column holds a setting (lr, batch_size, a dotted config key), which prints as
+    typed, rather than a measurement."""
+    return isinstance(name, str) and (name in SETTINGS_ORDER or "." in name)
 
 
 def signed(value: float, digits: int = 3) -> str:
@@ -67,8 +78,9 @@ def signed(value: float, digits: int = 3) -> str:
 
 
 def format_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """Every cell as display text: accuracies to 3 decimals, throughput with separators, '–' for
-    missing; a column of other numbers in one format (see _column_number)."""
+    """Every cell as display text: settings as typed, accuracies to 3 decimals, numbers from
+    1,000 up with separators, '–' for missing; a column of other numbers in one format (see
+    _column_number)."""
     return frame.apply(
         lambda column: column.map(
             lambda v, name=column.name, form=_column_number(column): (
@@ -94,8 +106,7 @@ def _column_number(column: pd.Series):
     if (
         not isinstance(name, str)
         or name in _FIXED
-        or name == "lr"
-        or "." in name  # a config key's setting: 1e-05 stays 1e-05, as format_value writes it
+        or is_setting(name)
         or name.endswith(("_acc", "_acc_std"))
         or not pd.api.types.is_numeric_dtype(column)
         or pd.api.types.is_bool_dtype(column)
@@ -106,7 +117,7 @@ def _column_number(column: pd.Series):
         return None
     largest = values.abs().max()
     if (values % 1 == 0).all():
-        return (lambda v: f"{int(v):,}") if largest >= 10_000 else (lambda v: str(int(v)))
+        return lambda v: f"{int(v):,}"
     if largest >= 1000:
         return lambda v: f"{v:,.0f}"
     if largest >= 10:
@@ -117,7 +128,8 @@ def _column_number(column: pd.Series):
 
 
 def format_cell(name: str, value) -> str:
-    """One value as display text, chosen by its column name."""
+    """One value as display text, chosen by its column name: a setting as typed (format_value),
+    a measurement from 1,000 up with separators."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if isinstance(value, (bool, np.bool_)):
@@ -130,14 +142,14 @@ def format_cell(name: str, value) -> str:
         return f"{value:.{_FIXED[name]}f}"
     if name.endswith("_acc") or name.endswith("_acc_std"):
         return f"{value:.3f}"
-    if name == "lr":
-        return f"{value:g}"
+    if is_setting(name):
+        return format_value(value)
     return _number(value)
 
 
 def _number(value) -> str:
     if float(value).is_integer() and abs(value) < 1e15:
-        return f"{int(value):,}" if abs(value) >= 10_000 else str(int(value))
+        return f"{int(value):,}"
     magnitude = abs(value)
     if magnitude >= 1000:
         return f"{value:,.0f}"

@@ -213,7 +213,7 @@ def test_no_completed_runs_still_writes_a_report(tmp_path):
 def test_markdown_tables_escape_pipes_and_format_numbers():
     frame = pd.DataFrame({"problem": ["a|b"], "images_per_sec": ["1,800"]})
     assert markdown_table(frame) == "| problem | images_per_sec |\n|---|---|\n| a\\|b | 1,800 |"
-    assert format_cell("images_per_sec", 1800.0) == "1800"
+    assert format_cell("images_per_sec", 1800.0) == "1,800"
     assert format_cell("images_per_sec", 12345.6) == "12,346"
     assert format_cell("efficiency", 0.9) == "0.90"
     assert format_cell("final_val_acc", 0.91234) == "0.912"
@@ -442,7 +442,7 @@ def test_a_column_of_numbers_reads_in_one_format():
     assert format_frame(frame).to_dict("list") == {
         "images_per_sec": ["1,246", "1,681", "–"],
         "epoch_time_s": ["5.00", "4.34", "0.50"],
-        "global_batch_size": ["64", "128", "16,384"],
+        "global_batch_size": ["64", "128", "16384"],  # a setting: as typed
         "n_runs": ["1", "2", "3"],
         "final_val_acc": ["0.900", "0.912", "0.500"],
     }
@@ -470,3 +470,24 @@ def test_a_configuration_has_one_colour_in_the_weak_scaling_and_throughput_plots
     weak, throughput = colours(weak_fig.axes[0]), colours(throughput_fig.axes[0])
     assert set(weak) == {"0.1", "0.01"} and len(throughput) == 3
     assert all(weak[lr] == throughput[lr] for lr in weak)
+
+
+def test_tables_print_settings_as_typed_and_large_numbers_with_separators(tmp_path):
+    """A swept config key printed in 3 significant digits (momentum 0.9995 as "1"), a global
+    batch of 32768 as "32,768" (settings are typed without separators) and an exact 1800
+    images/sec as "1800", though any other throughput from 1,000 up had separators."""
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for momentum in (0.9, 0.9995):
+        for world_size, throughput in [(1, 1800.0), (2, 3000.0)]:
+            write_run(f"{momentum}/ws{world_size}", lr=0.05, world_size=world_size,
+                      batch_size=16384, images_per_sec=(throughput,) * 3,
+                      config={"optim": {"momentum": momentum}})
+    write_report(analyse([sweep_dir]), tmp_path / "out")
+    scaling_md = (tmp_path / "out" / "scaling.md").read_text()
+    assert "lr=`0.05`, batch_size=`16384`" in scaling_md  # shared by every row
+    # scaling, group, global batch, momentum, world size, n_runs, images/sec
+    assert "| weak | W2 | 16384 | 0.9995 | 1 | 1 | 1,800 |" in scaling_md
+    assert "| weak | W2 | 32768 | 0.9995 | 2 | 1 | 3,000 |" in scaling_md
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "| 0.9995 | 0.05 | 32768 | 2 | 1 |" in report  # accuracy: momentum, lr, global batch
+    assert "| 0.9995/ws2 | completed | yes | 32768 | 2 | 0.9995 | 3/3 | 3,000 |" in report  # runs

@@ -56,7 +56,7 @@ def test_a_config_key_swept_beside_the_world_size_splits_the_scaling_groups(tmp_
     write_report(analysis, out)
     assert "distributed.bucket_cap_mb" in pd.read_csv(out / "runs.csv").columns
     report = (out / "report.md").read_text()
-    assert "| W1 | 64 | 1 | 1 | 1 | 1000 |" in report  # group, global batch, bucket, world size
+    assert "| W1 | 64 | 1 | 1 | 1 | 1,000 |" in report  # group, global batch, bucket, world size
     assert "distributed.bucket_cap_mb=25, batch_size=64, world size 2" in report  # key findings
 
 
