@@ -19,12 +19,12 @@ from matplotlib.ticker import FixedLocator, NullLocator
 
 from .render import format_value
 from .schema import WORLD, config_keys
-from .tables import SCALING_KINDS, joined_labels, varying_keys
+from .tables import SCALING_KINDS, joined_labels, scaling_keys, varying_keys
 
 MAX_LINES = 12  # more lines than this make a plot unreadable; the title says what is shown
 MAX_PANELS = 9  # a 3 x 3 grid of heatmaps
 _LABEL_CHARS = 60  # a legend label longer than this names only the keys that tell lines apart
-_COLORS = [f"C{i}" for i in range(10)]
+_LINE_STYLES = ("-", ":", "-.", "--")  # lines 0-9 solid in ten colours, 10-19 dotted, ...
 _CMAP = colormaps["viridis"].with_extremes(bad="#f0f0f0")
 _SHORT = {
     "world_size": "ws",
@@ -41,12 +41,15 @@ _TITLES = {
 }
 
 
-def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path, palette=None) -> Path | None:
-    """Speedup (with the ideal line) and efficiency against world size, one line per group;
-    `palette` (line_palette, for weak scaling) colours a group as the throughput plot does."""
+def plot_scaling(
+    scaling: pd.DataFrame, kind: str, path: Path, palette: dict[str, int]
+) -> Path | None:
+    """Speedup (with the ideal line) and efficiency against world size, one line per group,
+    coloured and listed as `palette` (line_palette) says."""
     table = scaling[scaling.scaling == kind]
     if table.empty:
         return None
+    table = table.assign(colour=_line_key(table, kind).map(palette))
     shown, total = _top_groups(table, "group")
     fig = _figure(12, 4.6 + 0.22 * shown.group.nunique())  # room for the legend below
     speed_ax, eff_ax = fig.subplots(1, 2)
@@ -61,15 +64,14 @@ def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path, palette=None) -> 
             label="ideal (linear)" if baseline == table.baseline_world_size.min() else None,
         )
     eff_ax.axhline(1.0, color="k", ls="--", lw=1.2, label="ideal")
-    other_batch = {"batch_size", "global_batch_size"} - {SCALING_KINDS[kind]}
-    keys = [k for k in config_keys(table.columns) if k not in (*WORLD, *other_batch)]
-    labels = table.group + ": " + _labels(table, keys, always=(SCALING_KINDS[kind],))
+    labels = table.group + ": " + _labels(
+        table, _line_keys(table.columns, kind), always=(SCALING_KINDS[kind],)
+    )
     noted = set()  # (axes, x, text): groups that meet at a point (every baseline) print it once
-    for i, (label, group) in enumerate(shown.groupby(labels[shown.index], sort=False)):
-        i = palette[_line_key(group).iloc[0]] if palette else i
+    for i, group in shown.groupby("colour", sort=True):
+        label = labels[group.index[0]]
         for suffix, marker, points in _layouts(group):
-            style = dict(color=_COLORS[i % 10], ls="-" if i < 10 else ":", marker=marker,
-                         label=label + suffix)
+            style = dict(**_style(i), marker=marker, label=label + suffix)
             speed_ax.plot(points.world_size.astype(float), points.speedup, **style)
             eff_ax.plot(points.world_size.astype(float), points.efficiency, **style)
         if total <= 3:  # few lines: print the numbers next to the points
@@ -95,30 +97,29 @@ def plot_scaling(scaling: pd.DataFrame, kind: str, path: Path, palette=None) -> 
     return _save(fig, path)
 
 
-def plot_throughput(configs: pd.DataFrame, path: Path) -> Path | None:
-    """Throughput (mean ± std over seeds) against world size; lines join runs of one per-worker batch."""
+def plot_throughput(configs: pd.DataFrame, path: Path, palette: dict[str, int]) -> Path | None:
+    """Throughput (mean ± std over seeds) against world size; lines join runs of one per-worker
+    batch, coloured and listed as `palette` (line_palette) says."""
     if configs.empty or configs.images_per_sec.isna().all():
         return None
-    palette = line_palette(configs)
     table = configs.assign(
-        line=_line_key,
-        label=lambda d: _labels(d, _line_keys(d.columns), always=("batch_size",)),
+        line=lambda d: _line_key(d, "weak"),
+        colour=lambda d: d.line.map(palette),
+        label=lambda d: _labels(d, _line_keys(d.columns, "weak"), always=("batch_size",)),
     )
     shown, total = _top_groups(table, "line")
     fig = _figure(10, 5.0 + 0.22 * shown.line.nunique())
     ax = fig.subplots()
-    for label, line in shown.sort_values("world_size").groupby("label", sort=False):
-        i = palette[line.line.iloc[0]]
+    for i, line in shown.sort_values("world_size", kind="stable").groupby("colour", sort=True):
         for suffix, marker, points in _layouts(line):
             ax.errorbar(
                 points.world_size.astype(float),
                 points.images_per_sec,
                 yerr=points.images_per_sec_std.fillna(0),
-                color=_COLORS[i % 10],
-                ls="-" if i < 10 else ":",
+                **_style(i),
                 marker=marker,
                 capsize=3,
-                label=label + suffix,
+                label=line.label.iloc[0] + suffix,
             )
     _world_axis(ax, np.sort(table.world_size.unique().astype(float)))
     ax.set(ylabel="images / sec (sum over workers)", ylim=(0, None))
@@ -225,13 +226,7 @@ def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | 
     epoch_ax, time_ax = fig.subplots(1, 2, sharey=True)
     for i, (line, label) in enumerate(lines.label.items()):
         curve = curves[curves.line == line]
-        style = dict(
-            color=_COLORS[i % 10],
-            ls="-" if i < 10 else ":",
-            marker="o",
-            ms=3,
-            label=label or "all runs",
-        )
+        style = dict(**_style(i), marker="o", ms=3, label=label or "all runs")
         epoch_ax.plot(curve.epoch.astype(float), curve.val_acc, **style)
         time_ax.plot(curve.elapsed_s, curve.val_acc, **style)
     epoch_ax.set(xlabel="epoch", ylabel="validation accuracy", title="Over epochs")
@@ -245,22 +240,41 @@ def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | 
     return _save(fig, path)
 
 
-def line_palette(configs: pd.DataFrame) -> dict[str, int]:
-    """A colour number per throughput line (a configuration but for its world layout), in the
-    order the throughput plot meets them: the weak-scaling plot, whose groups are such lines,
-    colours each group the same."""
-    keys = _line_key(configs.sort_values("world_size", kind="stable")).drop_duplicates()
+def line_palette(configs: pd.DataFrame, scaling: pd.DataFrame) -> dict[str, int]:
+    """One colour number per line of the throughput and scaling plots, shared by them all:
+    first each throughput line (a configuration but for its world layout; the weak-scaling
+    groups are such lines), then each strong-scaling group, whose runs lie on several throughput
+    lines and so takes a colour none of them has. Each kind is in the order the scaling table
+    numbers its groups (by settings), which is the order every legend lists its lines in."""
+    strong = scaling[scaling.scaling == "strong"]
+    keys = [*_in_order(configs, "weak"), *_in_order(strong, "strong")]
     return {key: i for i, key in enumerate(keys)}
 
 
-def _line_keys(columns) -> list[str]:
-    """The settings a throughput line keeps: all but the world layout and the global batch."""
-    return [k for k in config_keys(columns) if k not in (*WORLD, "global_batch_size")]
+def _in_order(frame: pd.DataFrame, kind: str) -> list[str]:
+    """The distinct line keys of `kind` in `frame`, ordered by their settings."""
+    if frame.empty:
+        return []
+    order = frame.groupby(scaling_keys(frame.columns, kind), dropna=False, sort=True).ngroup()
+    return _line_key(frame, kind).iloc[order.argsort(kind="stable")].unique().tolist()
 
 
-def _line_key(frame: pd.DataFrame) -> pd.Series:
-    """Each row's line (a configuration but for its world layout), as text."""
-    return joined_labels(frame, _line_keys(frame.columns))
+def _line_keys(columns, kind: str) -> list[str]:
+    """The settings a line of `kind` keeps: all but the world layout and the other batch (a
+    throughput line is a weak-scaling one: its per-worker batch is fixed)."""
+    other_batch = {"batch_size", "global_batch_size"} - {SCALING_KINDS[kind]}
+    return [k for k in config_keys(columns) if k not in (*WORLD, *other_batch)]
+
+
+def _line_key(frame: pd.DataFrame, kind: str) -> pd.Series:
+    """Each row's line (a configuration but for its world layout and the other batch), as text;
+    the name of the batch kept tells a strong line from a weak one."""
+    return joined_labels(frame, _line_keys(frame.columns, kind))
+
+
+def _style(i: int) -> dict:
+    """The look of palette entry i: ten colours solid, then dotted, dash-dotted, dashed."""
+    return dict(color=f"C{i % 10}", ls=_LINE_STYLES[i // 10 % len(_LINE_STYLES)])
 
 
 _LAYOUT_MARKERS = ["o", "s", "^", "D", "v", "P"]

@@ -76,12 +76,11 @@ def write_report(analysis: Analysis, out: Path) -> Path:
         parts = [f"# {title}", _shared_settings(table, values), body]
         text = "\n\n".join(part for part in parts if part) + "\n"
         (out / f"{name}.md").write_text(text, encoding="utf-8")
+    palette = plots.line_palette(analysis.configs, analysis.scaling)  # shared: one line, one colour
     images = {
-        "weak": plots.plot_scaling(
-            analysis.scaling, "weak", out / PLOTS["weak"], plots.line_palette(analysis.configs)
-        ),
-        "strong": plots.plot_scaling(analysis.scaling, "strong", out / PLOTS["strong"]),
-        "throughput": plots.plot_throughput(analysis.configs, out / PLOTS["throughput"]),
+        "weak": plots.plot_scaling(analysis.scaling, "weak", out / PLOTS["weak"], palette),
+        "strong": plots.plot_scaling(analysis.scaling, "strong", out / PLOTS["strong"], palette),
+        "throughput": plots.plot_throughput(analysis.configs, out / PLOTS["throughput"], palette),
         "heatmap": plots.plot_accuracy_heatmap(analysis.configs, out / PLOTS["heatmap"]),
         "curves": plots.plot_curves(analysis.epochs, analysis.runs, out / PLOTS["curves"]),
     }

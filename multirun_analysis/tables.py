@@ -90,8 +90,7 @@ def scaling_table(configs: pd.DataFrame) -> pd.DataFrame:
 
 def _scaling(configs: pd.DataFrame, kind: str, fixed: str) -> pd.DataFrame:
     """One scaling kind: configurations identical but for the world layout (and the other batch)."""
-    keys = [k for k in config_keys(configs.columns) if k not in (*WORLD, *SCALING_KINDS.values())]
-    keys.append(fixed)
+    keys = scaling_keys(configs.columns, kind)
     settings = [*keys, *(c for c in ("batch_size", "global_batch_size") if c != fixed), *WORLD]
     columns = [*SCALING_COLUMNS[:3], *settings, *SCALING_COLUMNS[3:]]
     if configs.empty:
@@ -116,6 +115,13 @@ def _scaling(configs: pd.DataFrame, kind: str, fixed: str) -> pd.DataFrame:
         .reindex(columns=columns)
         .reset_index(drop=True)
     )
+
+
+def scaling_keys(columns, kind: str) -> list[str]:
+    """The settings a `kind` scaling group keeps, in the order that numbers the groups: all but
+    the world layout and the batches, then the batch held fixed."""
+    keys = [k for k in config_keys(columns) if k not in (*WORLD, *SCALING_KINDS.values())]
+    return [*keys, SCALING_KINDS[kind]]
 
 
 def group_labels(frame: pd.DataFrame, keys: list[str], always=()) -> pd.Series:

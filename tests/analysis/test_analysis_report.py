@@ -248,7 +248,9 @@ def test_groups_meeting_at_a_point_print_its_figure_once(tmp_path, monkeypatch):
         write_run(f"{lr}-2", lr=lr, world_size=2, images_per_sec=(1600.0,) * 3)
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
-    plots.plot_scaling(analyse([sweep_dir]).scaling, "weak", tmp_path / "weak.png")
+    analysis = analyse([sweep_dir])
+    palette = plots.line_palette(analysis.configs, analysis.scaling)
+    plots.plot_scaling(analysis.scaling, "weak", tmp_path / "weak.png", palette)
     speed_ax, eff_ax = figures[0].axes[:2]
     assert sorted(t.get_text() for t in speed_ax.texts) == ["1.00×", "1.60×"]
     assert sorted(t.get_text() for t in eff_ax.texts) == ["0.80", "1.00"]
@@ -341,8 +343,9 @@ def test_plots_keep_node_layouts_of_one_world_size_apart(two_layouts, tmp_path, 
 
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
-    plots.plot_scaling(two_layouts.scaling, "weak", tmp_path / "weak.png")
-    plots.plot_throughput(two_layouts.configs, tmp_path / "throughput.png")
+    palette = plots.line_palette(two_layouts.configs, two_layouts.scaling)
+    plots.plot_scaling(two_layouts.scaling, "weak", tmp_path / "weak.png", palette)
+    plots.plot_throughput(two_layouts.configs, tmp_path / "throughput.png", palette)
     for ax in (figures[0].axes[0], figures[1].axes[0]):
         handles, labels = ax.get_legend_handles_labels()
         lines = {label: getattr(h, "lines", [h])[0] for h, label in zip(handles, labels)
@@ -491,3 +494,54 @@ def test_tables_print_settings_as_typed_and_large_numbers_with_separators(tmp_pa
     report = (tmp_path / "out" / "report.md").read_text()
     assert "| 0.9995 | 0.05 | 32768 | 2 | 1 |" in report  # accuracy: momentum, lr, global batch
     assert "| 0.9995/ws2 | completed | yes | 32768 | 2 | 0.9995 | 3/3 | 3,000 |" in report  # runs
+
+
+def test_every_plot_colours_a_line_as_the_others_do_and_lists_lines_in_colour_order(
+    tmp_path, monkeypatch
+):
+    """The strong-scaling plot numbered its colours on its own: its lr=0.1 group took the
+    colour of the throughput plot's lr=0.01 line. And the weak-scaling plot took the throughput
+    plot's colours in world-size order while listing its groups by settings, so its legend
+    ran C4, C0, C2."""
+    from matplotlib.colors import to_hex
+
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for lr in (0.1, 0.01):
+        for batch, world_size in [(32, 1), (32, 2), (64, 1)]:  # global batch 64 twice: strong
+            write_run(f"{lr}/b{batch}-ws{world_size}", lr=lr, batch_size=batch,
+                      world_size=world_size, images_per_sec=(1000.0 * world_size,) * 3)
+    for world_size in (2, 4):  # an lr first in order, but not run at world size 1
+        write_run(f"0.001/ws{world_size}", lr=0.001, world_size=world_size,
+                  images_per_sec=(1000.0 * world_size,) * 3)
+    figures = {}
+    save = plots._save
+    monkeypatch.setattr(plots, "_save",
+                        lambda fig, path: figures.setdefault(path.stem, fig) and save(fig, path))
+    write_report(analyse([sweep_dir]), tmp_path / "out")
+
+    def legend(name) -> list[tuple[str, str]]:
+        shown = figures[name].legends[0]
+        return [(text.get_text(), to_hex(handle.get_color()))
+                for text, handle in zip(shown.get_texts(), shown.legend_handles)
+                if not text.get_text().startswith("ideal")]
+
+    colour = [to_hex(f"C{i}") for i in range(10)]
+    assert legend("throughput") == [
+        ("lr=0.001, batch=64", colour[0]),
+        ("lr=0.01, batch=32", colour[1]),
+        ("lr=0.01, batch=64", colour[2]),
+        ("lr=0.1, batch=32", colour[3]),
+        ("lr=0.1, batch=64", colour[4]),
+    ]
+    assert legend("scaling_weak") == [
+        ("W1: lr=0.001, batch=64", colour[0]),
+        ("W2: lr=0.01, batch=32", colour[1]),
+        ("W3: lr=0.1, batch=32", colour[3]),
+    ]
+    # each strong group's runs lie on two throughput lines: it takes a colour of its own
+    assert legend("scaling_strong") == [
+        ("S1: lr=0.01, global batch=64", colour[5]),
+        ("S2: lr=0.1, global batch=64", colour[6]),
+    ]
