@@ -144,6 +144,16 @@ def test_a_local_submitit_sweep_runs_one_job_at_a_time(tmp_path):
     assert second["start_time"] >= first["end_time"], "the second job started after the first ended"
 
 
+def test_a_local_submitit_sweep_leaves_only_its_jobs_folders_in_submitit(tmp_path):
+    # submitit's local controller creates the folder it is given, `.submitit/%j`, before
+    # substituting the job id: every sweep left an empty directory named `%j`
+    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1", "hydra/launcher=slurm_local",
+                     f"hydra.sweep.dir={tmp_path}", "-m")
+    assert proc.returncode == 0, output(proc)
+    folders = sorted(p.name for p in (tmp_path / ".submitit").iterdir())
+    assert len(folders) == 1 and folders[0].isdigit(), folders  # the job's id
+
+
 @pytest.mark.parametrize("send,name,code,recorded", [
     # Ctrl-C in the terminal: the tasks get it too, and the run records it (it recorded the
     # SIGTERM the sweep sent on at once, the tasks having inherited SIGINT ignored)

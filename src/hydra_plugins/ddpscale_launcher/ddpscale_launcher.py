@@ -77,7 +77,10 @@ class _ShapedLauncher(BaseSubmititLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("Submitit '%s' sweep output dir : %s", self._EXECUTOR, sweep_dir)
         if self._EXECUTOR == "local":
-            return self._one_after_another(in_order)
+            try:
+                return self._one_after_another(in_order)
+            finally:
+                _remove_unsubstituted_folder(Path(self.params["submitit_folder"]))
         submitted = []
         for (nodes, gpus), jobs in groups.items():
             executor = self._executor(nodes, gpus)
@@ -196,6 +199,20 @@ def _terminate(job: Any) -> None:
         os.kill(int(job.job_id), signal.SIGTERM)
     except ProcessLookupError:
         pass
+
+
+def _remove_unsubstituted_folder(folder: Path) -> None:
+    """submitit's local controller makes its folder as written, `.submitit/%j` itself
+    (Controller.start_tasks), while each job's files go where the job id is put in for %j:
+    remove that empty leftover, unless something was put in it since."""
+    from submitit.core.utils import JobPaths
+
+    folder = folder.expanduser().absolute()
+    if folder != JobPaths.get_first_id_independent_folder(folder):  # it holds %j, %t, ...
+        try:
+            folder.rmdir()
+        except OSError:  # not there, or not empty: not a leftover
+            pass
 
 
 def _result(job: Any, idx: int) -> JobReturn:
