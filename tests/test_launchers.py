@@ -154,6 +154,30 @@ def test_a_local_submitit_sweep_leaves_only_its_jobs_folders_in_submitit(tmp_pat
     assert len(folders) == 1 and folders[0].isdigit(), folders  # the job's id
 
 
+def _messages(log: Path) -> list[str]:
+    """A log's lines without their time stamps (two tasks' copies of a line differ there)."""
+    return [line.split(" - ", 1)[-1] for line in log.read_text().splitlines()]
+
+
+def test_each_line_of_a_local_submitit_job_is_logged_once(tmp_path):
+    # submitit's own lines reached Hydra's handlers too: train.log had task 1's
+    # "Job completed successfully" after task 0's, and each task's log in .submitit/ had
+    # every one of them twice, in submitit's format and in Hydra's
+    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=2", "hydra/launcher=slurm_local",
+                     f"hydra.sweep.dir={tmp_path}", "-m")
+    assert proc.returncode == 0, output(proc)
+    train_log = _messages(tmp_path / "0" / "train.log")
+    assert any(m.startswith("epoch 1/1") for m in train_log), train_log
+    assert len(set(train_log)) == len(train_log), train_log
+    assert "Job completed successfully" not in train_log, "submitit's lines stay in .submitit/"
+    task_logs = sorted((tmp_path / ".submitit").glob("*/*_log.out"))
+    assert len(task_logs) == 2, task_logs
+    for log in task_logs:
+        messages = _messages(log)
+        assert messages.count("Job completed successfully") == 1, messages
+        assert len(set(messages)) == len(messages), messages
+
+
 @pytest.mark.parametrize("send,name,code,recorded", [
     # Ctrl-C in the terminal: the tasks get it too, and the run records it (it recorded the
     # SIGTERM the sweep sent on at once, the tasks having inherited SIGINT ignored)

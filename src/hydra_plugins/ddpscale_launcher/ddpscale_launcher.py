@@ -98,6 +98,11 @@ class _ShapedLauncher(BaseSubmititLauncher):
         SIGINT, rather than the SIGTERM the controller would pass on a moment later."""
         if self._EXECUTOR == "local":
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        # submitit writes its own lines ("Job completed successfully") to this task's log in
+        # .submitit/ through a handler of its own. Passed on to the root logger as well, whose
+        # handlers Hydra points at that same log and at train.log, each stood twice in the
+        # task's log, and every task of the job added its copy to train.log, which they share
+        logging.getLogger("submitit").propagate = False
         return super().__call__(*args, **kwargs)
 
     def _take_back_multirun_yaml(self) -> None:
