@@ -2,9 +2,9 @@
 
 import sys
 
-from .cli import main
+try:  # the import too: under load, Ctrl-C came in it and left a KeyboardInterrupt traceback
+    from .cli import main
 
-try:
     raise SystemExit(main())
 except KeyboardInterrupt:  # Ctrl-C: a line and the usual exit status, not a traceback
     print("multirun_analysis: interrupted", file=sys.stderr)
