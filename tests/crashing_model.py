@@ -6,7 +6,9 @@ this module, so they import it and find the model (`model=crashing_cnn`). Spawne
 re-run crashing_train.py's imports. `model.name=crashing_cnn` works too, but not under
 slurm_local. `model.name=short_cnn` and `unused_layer_cnn` are slips a plug-in makes: a CNN
 with one class too few, one with a layer it never calls. `model.name=collecting_cnn` fails
-if Python's cycle collector is off while it trains.
+if Python's cycle collector is off while it trains. `data.name=tuple_in_workers` is the
+synthetic data set, but its loader returns a tuple in a worker (once the process group is
+up), where the job process had found it sound: a ConfigError raised in a worker.
 """
 
 import dataclasses
@@ -23,6 +25,7 @@ from hydra.core.config_store import ConfigStore
 from torch import nn
 
 from ddpscale.config import CNNConfig, DataConfig
+from ddpscale.data import DATASETS
 from ddpscale.models import CNN, MODELS
 
 
@@ -86,8 +89,15 @@ class CollectorCheckingCNN(CNN):
         return super().forward(x)
 
 
+def synthetic_but_a_tuple_in_workers(cfg: DataConfig, train: bool):
+    """`data.name=tuple_in_workers`: see the module's docstring."""
+    split = DATASETS["synthetic"](cfg, train)
+    return (split.images, split.labels) if dist.is_initialized() else split
+
+
 MODELS["crashing_cnn"] = CrashingCNN
 MODELS["collecting_cnn"] = CollectorCheckingCNN
 MODELS["unused_layer_cnn"] = CNNWithAnUnusedLayer
 MODELS["short_cnn"] = cnn_short_of_a_class
+DATASETS["tuple_in_workers"] = synthetic_but_a_tuple_in_workers
 ConfigStore.instance().store(group="model", name="crashing_cnn", node=CrashingCNNConfig)

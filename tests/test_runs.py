@@ -176,6 +176,20 @@ def test_a_crashing_worker_ends_the_run_marked_failed(tmp_path):
     assert not list(temp.glob("pytorch-errorfile-*")), "torch's traceback pickles are deleted"
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_config_error_in_a_spawned_worker_exits_2_naming_it(tmp_path, workers):
+    # as ddpscale's checks do in the job process and under torchrun; it was exit 1, "run failed:
+    # worker 0 raised ddpscale.config.ConfigError: ..."
+    proc = run_train(*QUICK, "data.name=tuple_in_workers", f"distributed.num_gpus={workers}", "train.epochs=1",
+                     f"hydra.run.dir={tmp_path}/run", script="tests/crashing_train.py")
+    assert proc.returncode == 2, output(proc)
+    said = ("error: data=tuple_in_workers's loader returned a tuple for the training split; it must "
+            "return ddpscale.data.Split(images, labels)")
+    assert said in output(proc) and "Traceback" not in output(proc)
+    run = read_run(tmp_path / "run")
+    assert run["status"] == "failed" and run["error"].startswith("data=tuple_in_workers's loader returned")
+
+
 def test_a_worker_error_of_several_lines_is_recorded_by_its_first(tmp_path):
     # run.json kept the last line: "worker 0 raised see the lines above"
     proc = run_train(*QUICK, "model.name=crashing_cnn", "distributed.num_gpus=1", "train.epochs=1",

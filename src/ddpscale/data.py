@@ -159,11 +159,7 @@ def _check_tensors(cfg: DataConfig, split: Split, name: str) -> None:
     """A plug-in's split as Split says (a worker failed on each of these with torch's words,
     and nan images trained to a loss of nan that blamed optim.lr)."""
     what = f"data={cfg.name}'s {name} split"
-    if not isinstance(split, Split) or not all(isinstance(t, torch.Tensor) for t in (split.images, split.labels)):
-        got = (f"a {type(split).__name__}" if not isinstance(split, Split) else
-               f"Split({type(split.images).__name__}, {type(split.labels).__name__})")
-        raise ConfigError(f"data={cfg.name}'s loader returned {got} for the {name} split; it must return "
-                          "ddpscale.data.Split(images, labels), two torch tensors (torch.as_tensor(...))")
+    _check_kind(cfg, split, name)
     images, labels = split.images, split.labels
     if len(images) != len(labels):
         raise ConfigError(f"{what} has {len(images)} images but {len(labels)} labels; its loader "
@@ -180,6 +176,15 @@ def _check_tensors(cfg: DataConfig, split: Split, name: str) -> None:
     if images.is_floating_point() and not bool(torch.isfinite(images).all()):
         raise ConfigError(f"{what} has images holding nan or inf values; its loader must return "
                           "finite ones")
+
+
+def _check_kind(cfg: DataConfig, split: object, name: str) -> None:
+    """A Split of two tensors, or a ConfigError naming what the loader returned."""
+    if not isinstance(split, Split) or not all(isinstance(t, torch.Tensor) for t in (split.images, split.labels)):
+        got = (f"a {type(split).__name__}" if not isinstance(split, Split) else
+               f"Split({type(split.images).__name__}, {type(split.labels).__name__})")
+        raise ConfigError(f"data={cfg.name}'s loader returned {got} for the {name} split; it must return "
+                          "ddpscale.data.Split(images, labels), two torch tensors (torch.as_tensor(...))")
 
 
 def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
@@ -203,6 +208,8 @@ def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
 def load_split(cfg: DataConfig, train: bool) -> Split:
     """The first train_size / val_size examples of a split, as tensors."""
     split = _loader(cfg)(cfg, train)
+    # checked whole in the job process (_check_plugged_in); a loader may still answer otherwise here
+    _check_kind(cfg, split, "training" if train else "validation")
     return split.head(cfg.train_size if train else cfg.val_size)
 
 

@@ -165,6 +165,10 @@ def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]
         return _finish(record, Outcome("interrupted", str(err), exit_code=128 + err.signum))
     except Exception as err:  # a worker failed: record why, let the sweep go on
         _STOP_SIGNALS.wind_up()
+        checked = _worker_config_error(err)
+        if checked:  # one of ddpscale's checks, in a spawned worker: as in the job (and under torchrun)
+            log.error("error: %s", checked)
+            return _finish(record, Outcome("failed", checked, exit_code=2))
         message = _failure_message(err)
         log.error("run failed: %s", message)
         return _finish(record, Outcome("failed", message, exit_code=1), traceback=_traceback_text(err))
@@ -557,6 +561,16 @@ def _failure_message(err: BaseException) -> str:
     if isinstance(err, ddist.PeerFailure):
         return str(err)
     return f"{type(err).__name__}: {err}"
+
+
+def _worker_config_error(err: BaseException) -> str | None:
+    """The message of a ConfigError that a spawned worker raised (a plug-in's data checked
+    there, say), which arrives as the worker's formatted traceback; None for any other error."""
+    if not isinstance(err, mp.ProcessRaisedException):
+        return None
+    name = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "
+    line = _raised_line(str(err))
+    return line[len(name):] if line.startswith(name) else None
 
 
 def _raised_line(text: str) -> str:
