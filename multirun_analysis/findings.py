@@ -308,7 +308,7 @@ def _target(table: pd.DataFrame, target: float, configs: pd.DataFrame) -> str:
     )
     return (
         f"{len(reached)} of {len(table)} configurations reached val_acc {target:g}{every}"
-        f"{f' ({some})' if partly else ''}; fastest: **{fastest.time_to_target_s:.1f} s** of "
+        f"{f' ({some})' if partly else ''}; fastest: **{fastest.time_to_target_s:,.1f} s** of "
         f"training ({how}) with {describe(fastest, configs)}."
     )
 

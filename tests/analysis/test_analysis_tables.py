@@ -181,6 +181,14 @@ def test_a_configuration_reaches_the_target_only_when_every_seed_does(tmp_path):
     ) in findings
 
 
+def test_a_time_to_target_of_a_thousand_seconds_or_more_has_separators(tmp_path):
+    # as every other measurement from 1,000 up: it printed "1200.0 s"
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("slow", images_per_sec=(IMAGES_PER_EPOCH / 600,) * 2, val_acc=[0.5, 0.95])
+    findings = " ".join(key_findings(analyse([sweep_dir], target_acc=0.9)))
+    assert "fastest: **1,200.0 s** of training" in findings
+
+
 def test_no_configuration_reaching_the_target_in_every_seed_is_said_so(tmp_path):
     sweep_dir, write_run = new_sweep(tmp_path)
     write_run("b0", seed=0, val_acc=[0.95, 0.95, 0.95])
