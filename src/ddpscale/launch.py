@@ -165,10 +165,6 @@ def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]
         return _finish(record, Outcome("interrupted", str(err), exit_code=128 + err.signum))
     except Exception as err:  # a worker failed: record why, let the sweep go on
         _STOP_SIGNALS.wind_up()
-        checked = _worker_config_error(err)
-        if checked:  # one of ddpscale's checks, in a spawned worker: as in the job (and under torchrun)
-            log.error("error: %s", checked)
-            return _finish(record, Outcome("failed", checked, exit_code=2))
         message = _failure_message(err)
         log.error("run failed: %s", message)
         return _finish(record, Outcome("failed", message, exit_code=1), traceback=_traceback_text(err))
@@ -327,8 +323,14 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
         # join() gives the others a second to end on their own (one blocked in gloo
         # does; one waiting in the shared-memory all-reduce cannot tell), terminates
         # them and raises with the cause.
-        while not context.join(timeout=0.5, grace_period=1):
-            pass
+        try:
+            while not context.join(timeout=0.5, grace_period=1):
+                pass
+        except mp.ProcessRaisedException as err:
+            checked = _worker_config_error(err)
+            if checked:  # one of ddpscale's checks, met in a worker: as it ends a job under torchrun
+                raise ConfigError(checked) from None
+            raise
         if summary_file.stat().st_size:
             return torch.load(summary_file)
         if d.node_id == 0:  # its local rank 0 is global rank 0, which saves the summary last
@@ -563,11 +565,9 @@ def _failure_message(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _worker_config_error(err: BaseException) -> str | None:
+def _worker_config_error(err: mp.ProcessRaisedException) -> str | None:
     """The message of a ConfigError that a spawned worker raised (a plug-in's data checked
     there, say), which arrives as the worker's formatted traceback; None for any other error."""
-    if not isinstance(err, mp.ProcessRaisedException):
-        return None
     name = f"{ConfigError.__module__}.{ConfigError.__qualname__}: "
     line = _raised_line(str(err))
     return line[len(name):] if line.startswith(name) else None
