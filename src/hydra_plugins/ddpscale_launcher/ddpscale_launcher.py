@@ -41,11 +41,8 @@ class _ShapedLauncher(BaseSubmititLauncher):
         for key, instead in (("nodes", "distributed.num_nodes"), ("tasks_per_node", "distributed.num_gpus")):
             value = self.params.get(key, 1)
             if value != 1:  # _executor sets both from each job's shape: the value would be dropped
-                print(f"error: hydra.launcher.{key}={value} is not read: ddpscale shapes each job "
-                      f"from {instead} (one task per worker); use {instead}={value} instead "
-                      "(nothing was started)", file=sys.stderr)
-                self._take_back_multirun_yaml()
-                sys.exit(2)
+                self._refuse(f"hydra.launcher.{key}={value} is not read: ddpscale shapes each job from "
+                             f"{instead} (one task per worker); use {instead}={value} instead")
         groups: dict[tuple[int, int], list[tuple[int, list[str]]]] = defaultdict(list)
         in_order = []
         for offset, overrides in enumerate(job_overrides):
@@ -53,26 +50,20 @@ class _ShapedLauncher(BaseSubmititLauncher):
             shape = (int(cfg.distributed.num_nodes), int(cfg.distributed.num_gpus))
             for key, value, what in (("num_nodes", shape[0], "nodes"), ("num_gpus", shape[1], "worker processes per node")):
                 if value < 1:  # the job's shape comes before the job's own checks
-                    print(f"error: distributed.{key}={value} must be >= 1 ({what}), in job "
-                          f"#{initial_job_idx + offset} (nothing was started)", file=sys.stderr)
-                    self._take_back_multirun_yaml()
-                    sys.exit(2)
+                    self._refuse(f"distributed.{key}={value} must be >= 1 ({what}), in job "
+                                 f"#{initial_job_idx + offset}")
             groups[shape].append((initial_job_idx + offset, list(overrides)))
             in_order.append((initial_job_idx + offset, list(overrides), shape))
 
         if self._EXECUTOR == "local" and any(nodes > 1 for nodes, _ in groups):
             nodes = max(nodes for nodes, _ in groups)
-            print(f"error: hydra/launcher=slurm_local runs every job on this machine, but a job asks "
-                  f"for distributed.num_nodes={nodes}; use distributed.num_nodes=1 here, or "
-                  "hydra/launcher=slurm on a cluster (nothing was started)", file=sys.stderr)
-            self._take_back_multirun_yaml()
-            sys.exit(2)  # like a config error; Hydra would print its own traceback for an exception
+            self._refuse(f"hydra/launcher=slurm_local runs every job on this machine, but a job asks "
+                         f"for distributed.num_nodes={nodes}; use distributed.num_nodes=1 here, or "
+                         "hydra/launcher=slurm on a cluster")
         if self._EXECUTOR == "slurm" and shutil.which("sbatch") is None:
-            print("error: hydra/launcher=slurm submits each job with sbatch, which this machine "
-                  "does not have; run the sweep on a SLURM login node, or use "
-                  "hydra/launcher=slurm_local here (nothing was started)", file=sys.stderr)
-            self._take_back_multirun_yaml()
-            sys.exit(2)
+            self._refuse("hydra/launcher=slurm submits each job with sbatch, which this machine "
+                         "does not have; run the sweep on a SLURM login node, or use "
+                         "hydra/launcher=slurm_local here")
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         log.info("Submitit '%s' sweep output dir : %s", self._EXECUTOR, sweep_dir)
@@ -104,6 +95,13 @@ class _ShapedLauncher(BaseSubmititLauncher):
         # task's log, and every task of the job added its copy to train.log, which they share
         logging.getLogger("submitit").propagate = False
         return super().__call__(*args, **kwargs)
+
+    def _refuse(self, problem: str) -> None:
+        """End a sweep refused before any job started: one line, exit 2 like a config error
+        (Hydra would print its own traceback for an exception), nothing left behind."""
+        print(f"error: {problem} (nothing was started)", file=sys.stderr)
+        self._take_back_multirun_yaml()
+        sys.exit(2)
 
     def _take_back_multirun_yaml(self) -> None:
         """Hydra wrote multirun.yaml into the sweep directory before launching; a sweep
