@@ -116,8 +116,12 @@ def _opening(analysis: Analysis) -> list:
 def _scaling_section(analysis: Analysis, view: pd.DataFrame, images: dict) -> list:
     """How throughput is measured, then each scaling kind's table and plot, then throughput."""
     blocks = [Heading("Scaling"), Paragraph(METHOD)]
-    if not analysis.configs.empty:
-        blocks.append(Paragraph(_shared_settings(analysis.configs)))
+    # The tables show only the settings that vary between their rows, so the sentence must
+    # name what their rows share: a configuration in no group (lr=0.02 whose 2-worker run
+    # failed) would otherwise hide the lr every row has.
+    shared = analysis.scaling if not analysis.scaling.empty else analysis.configs
+    if not shared.empty:
+        blocks.append(Paragraph(_shared_settings(shared)))
     for kind, title in SCALING_TITLES.items():
         blocks.append(Heading(title, 3))
         rows = view[view.scaling == kind].drop(columns="scaling")

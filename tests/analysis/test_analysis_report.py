@@ -545,3 +545,16 @@ def test_every_plot_colours_a_line_as_the_others_do_and_lists_lines_in_colour_or
         ("S1: lr=0.01, global batch=64", colour[5]),
         ("S2: lr=0.1, global batch=64", colour[6]),
     ]
+
+
+def test_the_scaling_tables_name_a_setting_their_rows_share_that_other_runs_do_not(tmp_path):
+    """lr=0.02 ran at world size 1 only (its 2-worker run failed): it is in no scaling group,
+    so the tables' rows all have lr=0.1 and show no lr column. The report must still say it."""
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for world_size in (1, 2):
+        write_run(f"ws{world_size}", world_size=world_size, lr=0.1)
+    write_run("ws1-lr", lr=0.02)
+    write_report(analyse([sweep_dir]), tmp_path / "out")
+    report = (tmp_path / "out" / "report.md").read_text()
+    scaling = report.split("## Scaling")[1].split("### Weak")[0]
+    assert "lr=`0.1`" in scaling
