@@ -230,7 +230,9 @@ def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | 
         epoch_ax.plot(curve.epoch.astype(float), curve.val_acc, **style)
         time_ax.plot(curve.elapsed_s, curve.val_acc, **style)
     epoch_ax.set(xlabel="epoch", ylabel="validation accuracy", title="Over epochs")
-    epoch_ax.xaxis.get_major_locator().set_params(integer=True)
+    # min_n_ticks=1: where every run has one epoch the axis spans 0.95-1.05, and a locator
+    # that wants two ticks there gives up on whole numbers (0.96, 0.98, ...).
+    epoch_ax.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
     time_ax.set(xlabel="training time (s, evaluation excluded)", title="Over training time")
     for ax in (epoch_ax, time_ax):
         ax.grid(alpha=0.3)

@@ -558,3 +558,21 @@ def test_the_scaling_tables_name_a_setting_their_rows_share_that_other_runs_do_n
     report = (tmp_path / "out" / "report.md").read_text()
     scaling = report.split("## Scaling")[1].split("### Weak")[0]
     assert "lr=`0.1`" in scaling
+
+
+def test_the_epoch_axis_of_one_epoch_runs_has_whole_epochs_only(tmp_path, monkeypatch):
+    """With train.epochs=1 every curve is one point at epoch 1, and the axis read 0.96, 0.98,
+    1.00, 1.02, 1.04: epochs that do not exist."""
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for world_size in (1, 2):
+        write_run(f"ws{world_size}", world_size=world_size, images_per_sec=(1000.0,))
+    analysis = analyse([sweep_dir])
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    plots.plot_curves(analysis.epochs, analysis.runs, tmp_path / "curves.png")
+    epoch_ax = figures[0].axes[0]
+    low, high = epoch_ax.get_xlim()
+    ticks = [t for t in epoch_ax.get_xticks() if low <= t <= high]
+    assert ticks == [1.0]
