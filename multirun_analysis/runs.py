@@ -137,6 +137,7 @@ def _status_reason(runs: pd.DataFrame) -> pd.Series:
                 status.eq("failed") & error.ne(""),
                 status.eq("failed"),
                 status.eq("running"),
+                status.eq("interrupted") & error.ne(""),
                 status.eq("interrupted"),
                 ~status.isin(ANALYSABLE_STATUSES),
             ],
@@ -144,6 +145,8 @@ def _status_reason(runs: pd.DataFrame) -> pd.Series:
                 "failed: " + error.str.slice(0, 300),
                 "failed (run.json gives no error)",
                 "still running, or stopped without updating run.json",
+                # the signal tells Ctrl-C from a scheduler's time limit (SIGTERM)
+                "interrupted: " + error.str.slice(0, 300),
                 "interrupted",
                 "status " + status.astype(str),
             ],

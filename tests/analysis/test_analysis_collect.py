@@ -194,6 +194,8 @@ def test_every_run_is_listed_whatever_its_state(tmp_path):
     )
     write_run("running", status="running", images_per_sec=(900.0, 950.0), epochs=3)
     write_run("interrupted", status="interrupted", images_per_sec=(900.0,), epochs=3)
+    write_run("timed_out", status="interrupted", error="stopped by SIGTERM",
+              images_per_sec=(900.0,), epochs=3)
     write_run("no_json", run_json=False)
     write_run("no_json_partial", run_json=False, images_per_sec=(900.0,), epochs=3)
     write_run("short", images_per_sec=(900.0, 950.0), epochs=3)
@@ -207,6 +209,8 @@ def test_every_run_is_listed_whatever_its_state(tmp_path):
         "failed": ("failed", False, "failed: RuntimeError: NCCL timeout"),
         "running": ("running", False, "still running, or stopped without updating run.json"),
         "interrupted": ("interrupted", False, "interrupted"),
+        # which signal: Ctrl-C, or a scheduler's time limit
+        "timed_out": ("interrupted", False, "interrupted: stopped by SIGTERM"),
         "no_json": ("unknown", True, ""),
         "no_json_partial": ("unknown", False, "no run.json and results.csv has only 1 of 3 epochs"),
         "short": ("completed", False, "completed but results.csv has 2 of 3 epochs"),
