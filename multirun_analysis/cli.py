@@ -33,13 +33,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "sweep_dirs",
         nargs="+",
-        type=Path,
+        type=_path,
         metavar="SWEEP_DIR",
         help="a Hydra multirun directory, or any folder holding runs",
     )
     parser.add_argument(
         "--out",
-        type=Path,
+        type=_path,
         default=None,
         help="output directory (default: analysis/ in the first SWEEP_DIR holding runs)",
     )
@@ -51,6 +51,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="validation accuracy to measure time-to-target against, in (0, 1] (default: 0.9)",
     )
     return parser.parse_args(argv)
+
+
+def _path(text: str) -> Path:
+    """A path argument; "" (a quoted shell variable that is unset) is refused, since Path("")
+    is "." and would analyse, or write into, the current directory unasked."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset shell variable?); give a directory")
+    return Path(text)
 
 
 def main(argv=None) -> int:

@@ -88,6 +88,24 @@ def test_out_below_a_file_is_a_clear_error(tmp_path, below):
     assert (tmp_path / "report.csv").read_text() == "mine\n"
 
 
+@pytest.mark.parametrize("where", ["sweep", "out"])
+def test_an_empty_path_is_a_clear_error(tmp_path, where, capsys):
+    """`--out "$OUT"` with OUT unset passed "", which Path reads as ".": the report went into
+    the current directory (an empty SWEEP_DIR analysed every run below it). Checked through
+    parse_args, in this process: before the fix a subprocess would have written into the
+    repository it runs from."""
+    from multirun_analysis.cli import parse_args
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a")
+    argv = ["", "--out", str(tmp_path / "out")] if where == "sweep" else [str(sweep_dir), "--out", ""]
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(argv)
+    assert exit_.value.code == 2
+    name = "SWEEP_DIR" if where == "sweep" else "--out"
+    assert f"argument {name}: an empty path (an unset shell variable?)" in capsys.readouterr().err
+
+
 @pytest.fixture
 def two_sweeps(tmp_path):
     sweep_dir, write_run = new_sweep(tmp_path)
