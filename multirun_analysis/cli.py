@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -94,8 +95,12 @@ def main(argv=None) -> int:
     from .report import write_report
     from .sweep import analyse
 
-    # the report names only these: each once, and not s5/0 beside s5
-    named = distinct_sweeps(with_runs, [runs for runs in found if runs])
+    # the report names only these: each once, and not s5/0 beside s5; absolute, since
+    # runs.csv and the report outlive the directory the command ran from ("." says nothing)
+    named = [
+        Path(os.path.abspath(sweep))
+        for sweep in distinct_sweeps(with_runs, [runs for runs in found if runs])
+    ]
     analysis = analyse(named, target_acc=args.target_acc)
     try:
         report = write_report(analysis, out)

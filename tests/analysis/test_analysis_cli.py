@@ -310,3 +310,17 @@ def test_default_out_that_is_a_file_is_a_clear_error(tmp_path):
         "move it away, or give --out a directory (it is created when missing)\n"
     )
     assert (sweep_dir / "analysis").read_text() == "mine\n"
+
+
+def test_run_paths_in_the_outputs_do_not_depend_on_where_the_command_ran(two_sweeps):
+    """Given `.` (or any relative path), runs.csv's path column, the report's Sweep line and
+    the findings' run paths read `./6` and `.`: meaningless in a report opened later, from
+    elsewhere. They are absolute."""
+    a, _ = two_sweeps
+    relative = os.path.relpath(a, REPO)  # run_cli runs from the repository root
+    result = run_cli(relative)
+    assert result.returncode == 0, result.stderr
+    runs = (a / "analysis" / "runs.csv").read_text().splitlines()
+    path = runs[0].split(",").index("path")
+    assert sorted(line.split(",")[path] for line in runs[1:]) == [str(a / "1"), str(a / "2")]
+    assert f"Sweep: `{a}` ·" in (a / "analysis" / "report.md").read_text()
