@@ -104,7 +104,7 @@ def _opening(analysis: Analysis) -> list:
     return [
         Heading(_title(analysis), 1),
         Paragraph(
-            f"Sweep: {sweeps} · {len(analysis.runs):,} runs · "
+            f"Sweep: {sweeps} · {len(analysis.runs):,} run{'' if len(analysis.runs) == 1 else 's'} · "
             f"target val_acc {analysis.target_acc:g} · "
             f"written {datetime.now():%Y-%m-%d %H:%M} by `python -m multirun_analysis`"
         ),

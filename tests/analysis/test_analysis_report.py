@@ -576,3 +576,10 @@ def test_the_epoch_axis_of_one_epoch_runs_has_whole_epochs_only(tmp_path, monkey
     low, high = epoch_ax.get_xlim()
     ticks = [t for t in epoch_ax.get_xticks() if low <= t <= high]
     assert ticks == [1.0]
+
+
+def test_the_report_of_one_run_says_1_run(tmp_path):
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("a")
+    write_report(analyse([sweep_dir]), tmp_path / "out")
+    assert f"Sweep: `{sweep_dir}` · 1 run · target" in (tmp_path / "out" / "report.md").read_text()
