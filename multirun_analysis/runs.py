@@ -121,6 +121,9 @@ def _diverged_reason(runs: pd.DataFrame) -> pd.Series:
     return losses.radd("diverged (final ").add(")").where(runs.diverged, "")
 
 
+ERROR_CHARS = 300  # of run.json's error in a problem; the Problems table stays readable
+
+
 def _status_reason(runs: pd.DataFrame) -> pd.Series:
     """Why run.json's status keeps a run out ('' for completed and unknown)."""
     status = runs.status
@@ -131,6 +134,8 @@ def _status_reason(runs: pd.DataFrame) -> pd.Series:
         .str.strip()
         .str.replace(r"\s+", " ", regex=True)
     )
+    # A long error is cut, and says so: runs.csv's error column holds the whole text.
+    error = error.where(error.str.len() <= ERROR_CHARS, error.str.slice(0, ERROR_CHARS) + " …")
     return pd.Series(
         np.select(
             [
@@ -142,11 +147,11 @@ def _status_reason(runs: pd.DataFrame) -> pd.Series:
                 ~status.isin(ANALYSABLE_STATUSES),
             ],
             [
-                "failed: " + error.str.slice(0, 300),
+                "failed: " + error,
                 "failed (run.json gives no error)",
                 "still running, or stopped without updating run.json",
                 # the signal tells Ctrl-C from a scheduler's time limit (SIGTERM)
-                "interrupted: " + error.str.slice(0, 300),
+                "interrupted: " + error,
                 "interrupted",
                 "status " + status.astype(str),
             ],

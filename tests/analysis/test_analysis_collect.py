@@ -226,3 +226,14 @@ def test_epochs_table_is_tidy(tmp_path):
     assert len(epochs) == 6
     assert not epochs.duplicated(["run_id", "epoch"]).any()
     assert pd.api.types.is_integer_dtype(epochs.world_size)
+
+
+def test_a_long_error_is_cut_in_the_problem_and_says_so(tmp_path):
+    """A 400-character error was cut at 300 mid-word with no mark: the reader took the stub
+    ("... DIR/FashionMNIST/raw/ holding") for the whole message."""
+    sweep_dir, write_run = new_sweep(tmp_path)
+    error = "ValueError: " + "x" * 400 + " the fix"
+    write_run("failed", status="failed", error=error, images_per_sec=(900.0,), epochs=3)
+    runs = analyse([sweep_dir]).runs
+    assert runs.problem.iloc[0] == "failed: " + error[:300] + " …"
+    assert runs.error.iloc[0] == error  # runs.csv keeps the whole text
