@@ -110,8 +110,11 @@ def collect(sweep_dirs) -> Collected:
     epochs = _typed(raw, numbers).sort_values(["run_id", "epoch"], kind="stable", ignore_index=True)
     for run_id, message in _consistency_problems(epochs).items():
         problems[run_id].append(message)
-    runs = _runs_table(metas, epochs, problems).pipe(
-        _with_config_settings, _with_csv_config(configs, epochs)
+    hardware = [meta.pop("hardware", None) for meta in metas]  # a setting only where it tells
+    runs = (
+        _runs_table(metas, epochs, problems)
+        .pipe(_with_config_settings, _with_csv_config(configs, epochs))
+        .pipe(_with_hardware, hardware)
     )
     return Collected(epochs=epochs, runs=runs)
 
@@ -159,6 +162,7 @@ def _read_run_json(directory: str) -> tuple[dict, dict, list[str]]:
         "usable_cores": _usable_cores(doc),
         "git_commit": _text(doc.get("git_commit")),
         "overrides": " ".join(map(str, overrides)) if isinstance(overrides, list) else None,
+        "hardware": _hardware(doc.get("devices")),
         **_config_settings(doc),
     }
     config = doc.get("config")
@@ -216,6 +220,32 @@ def _config_settings(doc: dict) -> dict:
     if world_size is not None and settings["batch_size"] is not None:
         settings["global_batch_size"] = settings["batch_size"] * world_size
     return settings
+
+
+def _hardware(devices) -> str | None:
+    """run.json's device names as one text, each kind once: a 1-GPU and a 4-GPU run on one
+    machine list one name once and four times, and ran on the same hardware."""
+    if not (isinstance(devices, list) and devices):
+        return None
+    return " + ".join(sorted({str(name) for name in devices}))
+
+
+def _with_hardware(runs: pd.DataFrame, hardware: list) -> pd.DataFrame:
+    """The runs table plus a `hardware` setting column where runs alike in every setting but
+    the seed, world layout and batch ran on different machines (two sweeps, a laptop's and a
+    server's, analysed together): their throughputs are neither repeats to average nor a
+    baseline and its scaled-up run. One machine's sweep gets no such column."""
+    column = pd.Series(hardware, index=runs.index, dtype=object)
+    alike = [
+        runs[k]
+        for k in config_keys(runs.columns)
+        if k not in (*WORLD, "batch_size", "global_batch_size")
+    ]
+    if column.isna().all() or not alike:
+        return runs
+    if column.groupby(alike, dropna=False).nunique().gt(1).any():
+        return runs.assign(hardware=column)
+    return runs
 
 
 def _text(value) -> str | None:

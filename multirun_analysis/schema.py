@@ -70,6 +70,7 @@ SETTINGS_ORDER = (
     "data_loader",
     "backend",
     "device",
+    "hardware",  # only where otherwise alike runs ran on different machines (collect.py)
     "comm_hook",
     "grad_accum_steps",
     "lr",

@@ -212,3 +212,41 @@ def test_run_json_wins_over_results_csv_for_a_knob(tmp_path):
                   config={"distributed": {"bucket_cap_mb": 25.0 if seed == 0 else 1.0}})
     analysis = analyse([sweep_dir])
     assert analysis.runs["distributed.bucket_cap_mb"].tolist() == [25.0, 1.0]
+
+
+def test_runs_on_different_machines_are_neither_averaged_nor_scaled_against_each_other(tmp_path):
+    """Two sweeps, a laptop's and a server's, analysed from their parent: alike runs were
+    averaged as if repeats (747 and 7,471 images/sec gave 4,109 ± 4,755), and a laptop's
+    1-worker run served as the baseline of a server's 2-worker one (efficiency 8.39).
+    run.json's device names tell the machines apart; how many of one kind a run sees does not."""
+    from analysis_files import run_rows, write_results, write_run_json
+
+    sweep = tmp_path / "sweep"
+    machines = {
+        "laptop": (["AMD EPYC (2 logical cores)"], 1000.0),
+        "server": (["NVIDIA H100 80GB HBM3"] * 4, 10000.0),
+    }
+    for machine, (devices, throughput) in machines.items():
+        for world_size in (1, 2):
+            speedup = {1: 1.0, 2: 1.8}[world_size]
+            rows = run_rows(world_size=world_size, images_per_sec=(throughput * speedup,) * 3)
+            write_results(sweep / machine / str(world_size), rows)
+            names = devices[:world_size] if machine == "server" else devices  # visible GPUs
+            write_run_json(sweep / machine / str(world_size), rows=rows, devices=names)
+    analysis = analyse([sweep])
+    assert analysis.configs.n_runs.tolist() == [1, 1, 1, 1]
+    table = weak(analysis.scaling)
+    assert table.efficiency.round(2).tolist() == [1.0, 0.9, 1.0, 0.9]
+    assert set(table.hardware) == {"AMD EPYC (2 logical cores)", "NVIDIA H100 80GB HBM3"}
+
+
+def test_one_machine_adds_no_hardware_column(tmp_path):
+    from analysis_files import run_rows, write_results, write_run_json
+
+    sweep = tmp_path / "sweep"
+    for world_size in (1, 2, 4):
+        rows = run_rows(world_size=world_size)
+        write_results(sweep / str(world_size), rows)
+        write_run_json(sweep / str(world_size), rows=rows,
+                       devices=["NVIDIA H100 80GB HBM3"] * world_size)
+    assert "hardware" not in analyse([sweep]).runs.columns
