@@ -583,3 +583,28 @@ def test_the_report_of_one_run_says_1_run(tmp_path):
     write_run("a")
     write_report(analyse([sweep_dir]), tmp_path / "out")
     assert f"Sweep: `{sweep_dir}` · 1 run · target" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_figures_beside_the_points_stay_readable_over_lines(tmp_path, monkeypatch):
+    """An efficiency of 1.41 printed 12 points below its point landed on the dashed ideal
+    line at 1.0, which struck it through; figures at the largest world size crossed the
+    axes' frame. Each figure sits on a white patch that hides what is beneath it."""
+    from matplotlib.colors import to_rgba
+
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for world_size, throughput in [(1, 1000.0), (2, 2820.0)]:
+        write_run(f"ws{world_size}", world_size=world_size, images_per_sec=(throughput,) * 3)
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    analysis = analyse([sweep_dir])
+    palette = plots.line_palette(analysis.configs, analysis.scaling)
+    plots.plot_scaling(analysis.scaling, "weak", tmp_path / "weak.png", palette)
+    texts = [t for ax in figures[0].axes[:2] for t in ax.texts]
+    assert sorted(t.get_text() for t in texts) == ["1.00", "1.00×", "1.41", "2.82×"]
+    for text in texts:
+        patch = text.get_bbox_patch()
+        assert patch is not None, text.get_text()
+        assert to_rgba(patch.get_facecolor())[:3] == (1.0, 1.0, 1.0)
+        assert patch.get_alpha() is None or patch.get_alpha() >= 0.7
