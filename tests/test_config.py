@@ -11,12 +11,14 @@ import time
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
 from conftest import QUICK, REPO, output, read_run, run_train
 from ddpscale.config import (
-    AdamWConfig, CNNConfig, Config, ConfigError, SGDConfig, WideResNetConfig, to_config, validate,
+    AdamWConfig, CNNConfig, Config, ConfigError, ModelConfig, SGDConfig, WideResNetConfig,
+    register_configs, to_config, validate,
 )
 from ddpscale.sweep import command_line_problem, register_resolvers
 
@@ -187,6 +189,34 @@ def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
 def test_bad_values_name_the_key(overrides, error):
     with pytest.raises(ConfigError, match=error):
         validate(composed(*overrides))
+
+
+@dataclasses.dataclass
+class _OtherSchema(ModelConfig):
+    name: str = "cnn"
+    width: int = 3
+
+
+@dataclasses.dataclass
+class _DerivedCNNConfig(CNNConfig):
+    conv1_channels: int = 8
+
+
+@pytest.mark.parametrize("replacement", [_OtherSchema, _DerivedCNNConfig])
+def test_a_schema_stored_under_a_built_in_name_is_refused_naming_it(replacement):
+    # ConfigStore.store replaces an entry silently: model=cnn then ran on the plug-in's
+    # keys (or, derived from CNNConfig, on its defaults) and results.csv said model=cnn.
+    ConfigStore.instance().store(group="schema/model", name="cnn", node=replacement)
+    try:
+        with pytest.raises(ConfigError, match=(
+                "model=cnn builds on schema/model/cnn in Hydra's ConfigStore, which now holds "
+                f"{__name__}.{replacement.__qualname__}, not ddpscale's CNNConfig: a plug-in stored its "
+                "schema under the built-in's name; store it as schema/model/<a name of its own>")):
+            validate(composed())
+        validate(composed("model=wide_resnet"))  # a run that does not use it is left alone
+    finally:
+        register_configs()
+    validate(composed())
 
 
 # The same inputs through the real command line: a clear message, non-zero, in seconds,

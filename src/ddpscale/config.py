@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra.plugins.config_source import ConfigLoadError
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
@@ -428,11 +429,30 @@ def validate(cfg: Config) -> None:
 def _schema_fits_name(cfg: Config) -> None:
     for (group, name), schema in _BUILT_IN_SCHEMAS.items():
         node = getattr(cfg, group)
-        if node.name == name and not isinstance(node, schema):
+        if node.name != name:
+            continue
+        stored = _stored_schema(group, name)
+        if stored is not schema:  # ConfigStore.store replaces an entry without a word
+            held = "nothing" if stored is None else f"{stored.__module__}.{stored.__qualname__}"
+            raise ConfigError(
+                f"{group}={name} builds on schema/{group}/{name} in Hydra's ConfigStore, which now holds "
+                f"{held}, not ddpscale's {schema.__name__}: a plug-in stored its schema under the "
+                f"built-in's name; store it as schema/{group}/<a name of its own>, with a {group} "
+                "option of that name (README: Extending)"
+            )
+        if not isinstance(node, schema):
             raise ConfigError(
                 f"{group}.name={name} keeps the keys of another {group} option; choose the option "
                 f"with {group}={name} (the config group), not by setting {group}.name"
             )
+
+
+def _stored_schema(group: str, name: str) -> type | None:
+    """The dataclass Hydra's ConfigStore holds as schema/<group>/<name>, or None."""
+    try:
+        return OmegaConf.get_type(ConfigStore.instance().load(f"schema/{group}/{name}.yaml").node)
+    except ConfigLoadError:  # taken out of the store
+        return None
 
 
 def validate_for_device(cfg: Config, device: str) -> None:
