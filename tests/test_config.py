@@ -75,6 +75,7 @@ def test_every_data_option_composes(option):
     ("train.seed=42", "train.seed", 42),
     ("data.drop_last=true", "data.drop_last", True),
     ("optim.schedule=constant", "optim.schedule", "constant"),
+    ("optim.warmup_epochs=0.5", "optim.warmup_epochs", 0.5),
     ("train.progress=false", "train.progress", False),
 ])
 def test_every_documented_key_lands_where_it_should(override, path, expected):
@@ -173,6 +174,9 @@ def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
     (["optim.schedule=linear"], "optim.schedule='linear' is not one of cosine, constant"),
     (["optim=adamw", "optim.beta2=1.0"], "optim.beta2=1.0 must be in"),
     (["train.grad_accum_steps=0"], "train.grad_accum_steps=0 must be >= 1"),
+    (["optim.warmup_epochs=-1"], "optim.warmup_epochs=-1.0 must be >= 0 \\(0: no warm-up\\)"),
+    (["optim.warmup_epochs=3", "train.epochs=3"], "optim.warmup_epochs=3 must be less than train.epochs=3: "
+                                                  "the learning rate would still be climbing"),
     (["~distributed"], "the distributed group has no option; choose one \\(distributed=<option>"),
     (["model.name=???"], "model.name has no value; give it one"),
     (["distributed.timeout_s=1e30"], "distributed.timeout_s=1e\\+30 must be at most 604800 \\(a week"),

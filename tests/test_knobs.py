@@ -195,3 +195,15 @@ def test_malloc_cache_stops_steps_from_faulting_in_fresh_memory():
         faults[cache] = int(proc.stdout.split()[-1])
     assert faults[False] > 2000, faults  # big blocks mmapped: fresh pages every step (4k-19k)
     assert faults[True] * 10 < faults[False], faults  # cached: typically 0
+
+
+def test_a_warm_up_is_counted_in_optimizer_steps_of_each_worker(tmp_path):
+    # 512 examples over 2 workers in batches of 32: 8 batches each, 4 optimizer steps an
+    # epoch when 2 are accumulated; half an epoch of warm-up is 2 of the run's 8 steps
+    proc = run_train(*QUICK, "distributed.num_gpus=2", "train.grad_accum_steps=2", "optim.warmup_epochs=0.5",
+                     f"hydra.run.dir={tmp_path}", timeout=400)
+    assert proc.returncode == 0, output(proc)
+    assert ("learning rate: linear warm-up to 0.05 over 2 optimizer steps (optim.warmup_epochs=0.5), "
+            "then cosine over 6") in (tmp_path / "train.log").read_text()
+    assert read_run(tmp_path)["config"]["optim"]["warmup_epochs"] == 0.5
+    assert all(float(r["train_loss"]) > 0 for r in read_rows(tmp_path))

@@ -104,6 +104,34 @@ def test_the_cosine_schedule_is_stepped_once_per_optimizer_step_down_to_zero(run
     assert runs[0]["lr"] == pytest.approx(0.0, abs=1e-12)
 
 
+def _learning_rates(cfg: SGDConfig, total_steps: int, steps_per_epoch: int) -> list[float]:
+    """The rate each optimizer step trains with, then the rate after the last step."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    scheduler = build_scheduler(optimizer, cfg, total_steps, steps_per_epoch)
+    rates = []
+    for _ in range(total_steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return rates + [optimizer.param_groups[0]["lr"]]
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+def test_a_warm_up_climbs_linearly_to_the_rate_then_the_schedule_runs_over_the_steps_left(schedule):
+    # 2 epochs of 4 steps, half an epoch of warm-up: 2 steps climbing, then 6 of the schedule
+    rates = _learning_rates(SGDConfig(lr=0.4, schedule=schedule, warmup_epochs=0.5), 8, 4)
+    assert rates[:2] == pytest.approx([0.2, 0.4])
+    if schedule == "constant":
+        assert rates[2:] == pytest.approx([0.4] * 7)
+    else:  # cos from 0 to pi over the 6 steps left: 0.4, 0.3732, 0.3, 0.2, 0.1, 0.0268, then 0
+        assert rates[2:] == pytest.approx([0.4, 0.37320508, 0.3, 0.2, 0.1, 0.02679492, 0.0], abs=1e-7)
+
+
+def test_without_a_warm_up_the_cosine_schedule_starts_at_the_rate():
+    rates = _learning_rates(SGDConfig(lr=0.4), 4, 2)
+    assert rates == pytest.approx([0.4, 0.34142136, 0.2, 0.05857864, 0.0], abs=1e-7)
+
+
 def test_the_sync_probe_leaves_training_exactly_as_it_was(runs):
     # gradients, dropout draws and BatchNorm statistics of the probe's steps are discarded
     assert runs[2]["losses"] == runs[0]["losses"]

@@ -123,6 +123,10 @@ class OptimConfig:
     schedule: str = "cosine"
     """Learning-rate schedule over the whole run, stepped per optimizer step:
     cosine (from lr down to 0) or constant."""
+    warmup_epochs: float = 0.0
+    """Epochs (fractions allowed) of linear warm-up at the start, from lr / steps up to lr
+    over that many optimizer steps; the schedule then runs over the steps left. The
+    usual companion of a learning rate scaled with the global batch size. 0: none."""
 
 
 @dataclass
@@ -393,6 +397,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"data.noise={data.noise} must be >= 0")
 
     _positive("optim.lr", optim.lr)
+    if optim.warmup_epochs < 0:
+        raise ConfigError(f"optim.warmup_epochs={optim.warmup_epochs} must be >= 0 (0: no warm-up)")
+    if optim.warmup_epochs >= train.epochs > 0:
+        raise ConfigError(
+            f"optim.warmup_epochs={optim.warmup_epochs:g} must be less than train.epochs={train.epochs}: "
+            "the learning rate would still be climbing to optim.lr when the run ends; "
+            "shorten the warm-up or raise train.epochs"
+        )
     if optim.weight_decay < 0:
         raise ConfigError(f"optim.weight_decay={optim.weight_decay} must be >= 0")
     if isinstance(optim, SGDConfig):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import torch
@@ -31,10 +32,26 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
                  "a builder(params, optim_cfg) that returns the optimizer over params")
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
-    """Per-step learning-rate schedule: cosine from cfg.lr to 0, or constant."""
-    if cfg.schedule == "constant":
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    if cfg.schedule == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total_steps))
-    raise ConfigError(f"optim.schedule={cfg.schedule!r} is unknown; valid: cosine, constant")
+def warmup_steps(cfg: OptimConfig, total_steps: int, steps_per_epoch: int) -> int:
+    """Optimizer steps of linear warm-up: cfg.warmup_epochs of them, leaving at least one."""
+    return min(round(cfg.warmup_epochs * steps_per_epoch), max(0, total_steps - 1))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int,
+                    steps_per_epoch: int = 1) -> torch.optim.lr_scheduler.LambdaLR:
+    """Per-step learning-rate schedule: a linear warm-up over `cfg.warmup_epochs`, then
+    cosine from cfg.lr to 0, or constant, over the steps left."""
+    if cfg.schedule not in ("cosine", "constant"):
+        raise ConfigError(f"optim.schedule={cfg.schedule!r} is unknown; valid: cosine, constant")
+    warmup = warmup_steps(cfg, total_steps, steps_per_epoch)
+    decay_steps = max(1, total_steps - warmup)
+
+    def factor(step: int) -> float:
+        """The share of cfg.lr that optimizer step `step` (from 0) trains with."""
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.schedule == "constant":
+            return 1.0
+        return 0.5 * (1 + math.cos(math.pi * min(step - warmup, decay_steps) / decay_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

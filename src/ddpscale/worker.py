@@ -17,7 +17,7 @@ from ddpscale.config import Config
 from ddpscale.data import build_data
 from ddpscale.distributed import WorkerContext, device_names, wrap_ddp
 from ddpscale.models import build_model
-from ddpscale.optim import build_optimizer, build_scheduler
+from ddpscale.optim import build_optimizer, build_scheduler, warmup_steps
 from ddpscale.results import Reporter, settings_row
 from ddpscale.trainer import Diverged, Trainer, WrongLogits, build_precision
 
@@ -33,11 +33,12 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
         model = torch.compile(model)
     ddp_model = wrap_ddp(model, ctx, cfg.distributed)
     optimizer = build_optimizer(ddp_model.parameters(), cfg.optim)
-    steps = cfg.train.epochs * math.ceil(len(data.train) / cfg.train.grad_accum_steps)
+    steps_per_epoch = math.ceil(len(data.train) / cfg.train.grad_accum_steps)  # optimizer steps
+    total_steps = cfg.train.epochs * steps_per_epoch
     trainer = Trainer(
         model=ddp_model,
         optimizer=optimizer,
-        scheduler=build_scheduler(optimizer, cfg.optim, total_steps=steps),
+        scheduler=build_scheduler(optimizer, cfg.optim, total_steps, steps_per_epoch),
         data=data,
         ctx=ctx,
         reporter=Reporter(ctx.is_main, out_dir, settings_row(cfg, ctx), cfg.train.epochs,
@@ -48,6 +49,11 @@ def train(ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
         sync_probe_steps=cfg.train.sync_probe_steps,
         num_classes=cfg.data.num_classes,
     )
+    if cfg.optim.warmup_epochs:
+        warmup = warmup_steps(cfg.optim, total_steps, steps_per_epoch)
+        trainer.reporter.info("learning rate: linear warm-up to %g over %d optimizer steps (optim.warmup_epochs=%g), "
+                              "then %s over %d", cfg.optim.lr, warmup, cfg.optim.warmup_epochs,
+                              cfg.optim.schedule, total_steps - warmup)
     try:
         trainer.fit(cfg.train.epochs)
     except Diverged as err:  # the trainer never reads the config: the fix is named here
