@@ -15,7 +15,7 @@ from conftest import QUICK, REPO, output, read_rows, read_run, run_train
 from ddpscale.config import DataConfig, ModelConfig, OptimConfig, to_config
 from ddpscale.data import DATASETS
 from ddpscale.models import MODELS
-from ddpscale.optim import OPTIMIZERS
+from ddpscale.optim import OPTIMIZERS, SCHEDULES
 
 pytestmark = pytest.mark.slow
 SCRIPT = "examples/plugin/train_plugins.py"
@@ -45,6 +45,8 @@ def test_a_plugged_in_model_and_data_set_train_with_two_workers(tmp_path, launch
                         "goes into ddpscale.models.MODELS"),
     ("data.name=stripes2", "data='stripes2' is unknown; valid: fashion_mnist, mnist, synthetic, "
                            "stripes; one of your own goes into ddpscale.data.DATASETS"),
+    ("optim.schedule=linear2", "optim.schedule='linear2' is unknown; valid: cosine, constant, linear; one "
+                               "of your own goes into ddpscale.optim.SCHEDULES"),
 ])
 def test_an_unregistered_name_fails_before_any_worker(tmp_path, override, message):
     proc = run_train(*QUICK, *PLUGINS, "model=mlp", override, "distributed.num_gpus=2",
@@ -63,7 +65,8 @@ def test_the_plugin_script_takes_flags_before_or_after_the_overrides(args):
     assert ("name: mlp" in proc.stdout) == ("model=mlp" in args)
 
 
-@pytest.mark.parametrize("registry,name", [(MODELS, "cnn"), (DATASETS, "fashion_mnist"), (OPTIMIZERS, "sgd")])
+@pytest.mark.parametrize("registry,name", [(MODELS, "cnn"), (DATASETS, "fashion_mnist"), (OPTIMIZERS, "sgd"),
+                                           (SCHEDULES, "cosine")])
 def test_a_plugin_cannot_take_a_name_that_is_registered(registry, name):
     # MODELS["cnn"] = my_mlp trained the MLP, and results.csv said model=cnn
     builtin = registry[name]

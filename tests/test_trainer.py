@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import spawn
-from ddpscale.config import CNNConfig, DataConfig, DistributedConfig, SGDConfig, WideResNetConfig
+from ddpscale.config import CNNConfig, ConfigError, DataConfig, DistributedConfig, SGDConfig, WideResNetConfig
 from ddpscale.data import build_data
 from ddpscale.distributed import Placement, Rendezvous, WorkerContext, host_store, process_group, wrap_ddp
 from ddpscale.models import CNN, WideResNet
-from ddpscale.optim import build_scheduler
+from ddpscale.optim import SCHEDULES, build_scheduler
 from ddpscale.results import Reporter
 from ddpscale.trainer import Trainer, WrongLogits, build_precision
 
@@ -125,6 +125,26 @@ def test_a_warm_up_climbs_linearly_to_the_rate_then_the_schedule_runs_over_the_s
         assert rates[2:] == pytest.approx([0.4] * 7)
     else:  # cos from 0 to pi over the 6 steps left: 0.4, 0.3732, 0.3, 0.2, 0.1, 0.0268, then 0
         assert rates[2:] == pytest.approx([0.4, 0.37320508, 0.3, 0.2, 0.1, 0.02679492, 0.0], abs=1e-7)
+
+
+@pytest.mark.parametrize("answer", [float("nan"), -0.5, None])
+def test_a_schedule_of_ones_own_that_returns_no_share_of_the_rate_is_refused(answer):
+    SCHEDULES["broken"] = lambda progress: answer
+    try:
+        with pytest.raises(ConfigError, match=f"optim.schedule=broken's function returned {answer!r} for "
+                                              "progress 0.0; it must return a finite number >= 0"):
+            _learning_rates(SGDConfig(lr=0.4, schedule="broken"), 4, 2)
+    finally:
+        del SCHEDULES["broken"]
+
+
+def test_a_schedule_of_ones_own_runs_after_the_warm_up():
+    SCHEDULES["halving"] = lambda progress: 0.5 ** (4 * progress)
+    try:
+        rates = _learning_rates(SGDConfig(lr=0.4, schedule="halving", warmup_epochs=1), 6, 2)
+    finally:
+        del SCHEDULES["halving"]
+    assert rates == pytest.approx([0.2, 0.4, 0.4, 0.2, 0.1, 0.05, 0.025])
 
 
 def test_without_a_warm_up_the_cosine_schedule_starts_at_the_rate():

@@ -1,5 +1,6 @@
-"""A model, a data set and an optimizer of your own: a registry entry and a YAML option each,
-and a schema for the model's and the data set's keys of their own.
+"""A model, a data set, an optimizer and a learning-rate schedule of your own: a registry
+entry each, a YAML option for the first three, and a schema for the model's and the data
+set's keys of their own.
 
 Kept in a module of its own (not in the script) so that every process that needs the
 entries imports it: spawned workers re-run the script's imports, and the tasks of
@@ -16,7 +17,7 @@ from torch import nn
 from ddpscale.config import DataConfig, ModelConfig, OptimConfig
 from ddpscale.data import DATASETS, Split
 from ddpscale.models import MODELS
-from ddpscale.optim import OPTIMIZERS
+from ddpscale.optim import OPTIMIZERS, SCHEDULES
 
 
 @dataclass
@@ -67,8 +68,15 @@ def rmsprop(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.RMSprop(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
+def linear(progress: float) -> float:
+    """A learning rate falling in a straight line from optim.lr to 0 (progress: the share
+    of the steps after the warm-up done)."""
+    return 1.0 - progress
+
+
 ConfigStore.instance().store(group="schema/model", name="mlp", node=MLPConfig)
 ConfigStore.instance().store(group="schema/data", name="stripes", node=StripesConfig)
 MODELS["mlp"] = mlp
 DATASETS["stripes"] = stripes
 OPTIMIZERS["rmsprop"] = rmsprop
+SCHEDULES["linear"] = linear

@@ -1,6 +1,6 @@
 """train.py with the plug-ins of my_plugins.py and their YAML options on Hydra's search path.
 
-    python examples/plugin/train_plugins.py model=mlp data=stripes optim=rmsprop distributed.num_gpus=2
+    python examples/plugin/train_plugins.py model=mlp data=stripes optim=rmsprop optim.schedule=linear distributed.num_gpus=2
 """
 
 import os
@@ -16,7 +16,7 @@ sys.path[:0] = PATHS
 # name my_plugins) from any working directory
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*PATHS, os.environ.get("PYTHONPATH")]))
 
-import my_plugins  # noqa: E402,F401  (registers the model, the data set and the schema)
+import my_plugins  # noqa: E402,F401  (registers the model, the data set, the optimizer and the schedule)
 import train  # noqa: E402
 
 if __name__ == "__main__":

@@ -121,8 +121,8 @@ class OptimConfig:
     weight_decay: float = 0.0
     """L2 penalty (sgd) or decoupled weight decay (adamw); >= 0."""
     schedule: str = "cosine"
-    """Learning-rate schedule over the whole run, stepped per optimizer step:
-    cosine (from lr down to 0) or constant."""
+    """Learning-rate schedule over the whole run, stepped per optimizer step: cosine
+    (from lr down to 0), constant, or one of your own in ddpscale.optim.SCHEDULES."""
     warmup_epochs: float = 0.0
     """Epochs (fractions allowed) of linear warm-up at the start, from lr / steps up to lr
     over that many optimizer steps; the schedule then runs over the steps left. The
@@ -350,7 +350,6 @@ _CHOICES = {
     "distributed.device": ("auto", "cuda", "cpu"),
     "distributed.comm_hook": ("auto", "none", "shm", "bf16", "fp16"),
     "train.precision": ("fp32", "bf16", "fp16"),
-    "optim.schedule": ("cosine", "constant"),
 }
 
 

@@ -199,13 +199,14 @@ def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0
 
 
 def _check_registered(cfg: Config) -> None:
-    """The workers look the model, optimizer and data set up by name: an unknown one fails
-    here, with the registry a plug-in of one's own goes into."""
+    """The workers look the model, optimizer, schedule and data set up by name: an unknown
+    one fails here, with the registry a plug-in of one's own goes into."""
     from ddpscale.models import MODELS
-    from ddpscale.optim import OPTIMIZERS
+    from ddpscale.optim import OPTIMIZERS, SCHEDULES
 
     registered(MODELS, "model", cfg.model.name, "ddpscale.models.MODELS")
     registered(OPTIMIZERS, "optim", cfg.optim.name, "ddpscale.optim.OPTIMIZERS")
+    registered(SCHEDULES, "optim.schedule", cfg.optim.schedule, "ddpscale.optim.SCHEDULES")
     registered(data_lib.DATASETS, "data", cfg.data.name, "ddpscale.data.DATASETS")
 
 

@@ -1,8 +1,10 @@
-"""Optimizer registry: `optim=<name>` -> a builder taking parameters and the optim config."""
+"""Optimizer and schedule registries: `optim=<name>` -> a builder taking parameters and the
+optim config; `optim.schedule=<name>` -> the share of optim.lr along the run."""
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Callable, Iterable
 
 import torch
@@ -32,6 +34,19 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
                  "a builder(params, optim_cfg) that returns the optimizer over params")
 
 
+def _cosine(progress: float) -> float:
+    return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+# optim.schedule=<name> -> the share of optim.lr to train with, given the share of the
+# steps after the warm-up done (0 at the first such step, 1 after the last).
+SCHEDULES: dict[str, Callable[[float], float]] = Registry("schedule", {"cosine": _cosine, "constant": _constant})
+
+
 def warmup_steps(cfg: OptimConfig, total_steps: int, steps_per_epoch: int) -> int:
     """Optimizer steps of linear warm-up: cfg.warmup_epochs of them, leaving at least one."""
     return min(round(cfg.warmup_epochs * steps_per_epoch), max(0, total_steps - 1))
@@ -40,9 +55,14 @@ def warmup_steps(cfg: OptimConfig, total_steps: int, steps_per_epoch: int) -> in
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int,
                     steps_per_epoch: int = 1) -> torch.optim.lr_scheduler.LambdaLR:
     """Per-step learning-rate schedule: a linear warm-up over `cfg.warmup_epochs`, then
-    cosine from cfg.lr to 0, or constant, over the steps left."""
-    if cfg.schedule not in ("cosine", "constant"):
-        raise ConfigError(f"optim.schedule={cfg.schedule!r} is unknown; valid: cosine, constant")
+    SCHEDULES[cfg.schedule] (cosine from cfg.lr to 0, constant, or one of your own) over
+    the steps left."""
+    schedule = registered(SCHEDULES, "optim.schedule", cfg.schedule, "ddpscale.optim.SCHEDULES")
+    for progress in (0.0, 0.5, 1.0):  # a plug-in's answer, checked before it sets a rate
+        share = schedule(progress)
+        if not isinstance(share, numbers.Real) or not math.isfinite(share) or share < 0:
+            raise ConfigError(f"optim.schedule={cfg.schedule}'s function returned {share!r} for progress "
+                              f"{progress}; it must return a finite number >= 0, the share of optim.lr")
     warmup = warmup_steps(cfg, total_steps, steps_per_epoch)
     decay_steps = max(1, total_steps - warmup)
 
@@ -50,8 +70,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
         """The share of cfg.lr that optimizer step `step` (from 0) trains with."""
         if step < warmup:
             return (step + 1) / warmup
-        if cfg.schedule == "constant":
-            return 1.0
-        return 0.5 * (1 + math.cos(math.pi * min(step - warmup, decay_steps) / decay_steps))
+        return schedule(min(step - warmup, decay_steps) / decay_steps)
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
