@@ -20,6 +20,7 @@ import io
 import json
 import os
 import re
+import socket
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -154,7 +155,7 @@ def _read_run_json(directory: str) -> tuple[dict, dict, list[str]]:
     overrides = doc.get("overrides")
     meta = {
         "status": status if isinstance(status, str) and status else "unknown",
-        "error": _text(doc.get("error")),
+        "error": _text(doc.get("error")) or (_ended_unrecorded(doc) if status == "running" else None),
         "start_time": _text(doc.get("start_time")),
         "end_time": _text(doc.get("end_time")),
         "launcher": _text(doc.get("launcher")),
@@ -220,6 +221,23 @@ def _config_settings(doc: dict) -> dict:
     if world_size is not None and settings["batch_size"] is not None:
         settings["global_batch_size"] = settings["batch_size"] * world_size
     return settings
+
+
+def _ended_unrecorded(doc: dict) -> str | None:
+    """Why a run.json still saying "running" is not: its job process ran on this machine and
+    is gone (killed outright, by SIGKILL or the out-of-memory killer, or the machine
+    restarted), so it never wrote its end. None where that cannot be told from here."""
+    pid = doc.get("pid")
+    if doc.get("hostname") != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool) or pid < 1:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return (f"its job process (pid {pid}) on this machine has ended without recording why: killed "
+                "outright (SIGKILL, the out-of-memory killer; see dmesg) or the machine restarted")
+    except OSError:  # it exists, under another user
+        return None
+    return None  # alive: still running (or its pid taken by another process since)
 
 
 def _hardware(devices) -> str | None:

@@ -141,6 +141,7 @@ def _status_reason(runs: pd.DataFrame) -> pd.Series:
             [
                 status.eq("failed") & error.ne(""),
                 status.eq("failed"),
+                status.eq("running") & error.ne(""),  # collect found its job process gone
                 status.eq("running"),
                 status.eq("interrupted") & error.ne(""),
                 status.eq("interrupted"),
@@ -149,6 +150,7 @@ def _status_reason(runs: pd.DataFrame) -> pd.Series:
             [
                 "failed: " + error,
                 "failed (run.json gives no error)",
+                "stopped without updating run.json: " + error,
                 "still running, or stopped without updating run.json",
                 # the signal tells Ctrl-C from a scheduler's time limit (SIGTERM)
                 "interrupted: " + error,

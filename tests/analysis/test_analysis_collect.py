@@ -1,6 +1,10 @@
 """Collecting runs: discovery at any depth, settings, and every kind of bad file listed with its reason."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -216,6 +220,30 @@ def test_every_run_is_listed_whatever_its_state(tmp_path):
         "short": ("completed", False, "completed but results.csv has 2 of 3 epochs"),
         "no_json_header_only": ("unknown", False, "no run.json, and results.csv has no epoch rows"),
     }
+
+
+def test_a_run_whose_job_process_on_this_machine_is_gone_is_told_from_one_still_running(tmp_path):
+    # A job process killed outright (kill -9, the out-of-memory killer) never writes its
+    # end: its run.json says "running" for ever, and the report could only guess.
+    sweep_dir, _ = new_sweep(tmp_path)
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    here = socket.gethostname()
+    for name, host, pid in (("killed", here, ended.pid), ("alive", here, os.getpid()),
+                            ("elsewhere", here + "-other", ended.pid)):
+        rows = run_rows(images_per_sec=(900.0,), epochs=3)
+        write_results(sweep_dir / name, rows)
+        write_run_json(sweep_dir / name, status="running", rows=rows, hostname=host, pid=pid)
+    runs = analyse([sweep_dir]).runs
+    problems = dict(zip(runs.path.str.rsplit("/", n=1).str[-1], runs.problem))
+    assert problems == {
+        "killed": f"stopped without updating run.json: its job process (pid {ended.pid}) on this machine has "
+                  "ended without recording why: killed outright (SIGKILL, the out-of-memory killer; see dmesg) "
+                  "or the machine restarted",
+        "alive": "still running, or stopped without updating run.json",
+        "elsewhere": "still running, or stopped without updating run.json",  # cannot be told from here
+    }
+    assert (runs.status == "running").all()
 
 
 def test_epochs_table_is_tidy(tmp_path):
