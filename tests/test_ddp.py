@@ -9,7 +9,7 @@ import torch
 
 from conftest import QUICK, fashion_mnist_root, output, read_rows, read_run, run_train, spawn
 from ddpscale.config import ConfigError, DataConfig
-from ddpscale.data import DATASETS, Split, build_data, prepare
+from ddpscale.data import DATASETS, Split, build_data, load_split, prepare
 from ddpscale.distributed import Placement, Rendezvous, host_store, process_group
 
 # results.csv's required columns in DESIGN.md's order (a contract: more may follow, none renamed)
@@ -111,6 +111,23 @@ def test_memory_and_dataloader_paths_serve_the_same_normalised_images(name):
     (x_mem, y_mem), (x_dl, y_dl) = batches["memory"], batches["dataloader"]
     assert torch.equal(y_mem, y_dl)
     torch.testing.assert_close(x_mem, x_dl, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("key,train", [("train_size", True), ("val_size", False)])
+def test_a_smaller_synthetic_split_is_the_first_examples_of_a_larger_one(key, train):
+    # data.train_size/val_size take the first N examples, as of a data set read from files: a
+    # data-size sweep trains on nested sets, and val_size=300 and 301 judge by the same 300
+    # (each drew every image afresh; 3x9x9 images are no multiple of torch's 16-value blocks)
+    def split(n):
+        return load_split(DataConfig(name="synthetic", channels=3, image_size=9, noise=1.0, seed=3,
+                                     **{key: n}), train)
+
+    small, large = split(301), split(1000)
+    assert torch.equal(small.labels, large.labels[:301])
+    assert torch.equal(small.images, large.images[:301])
+    other = load_split(DataConfig(name="synthetic", channels=3, image_size=9, noise=1.0, seed=3,
+                                  train_size=301, val_size=301), not train)
+    assert not torch.equal(small.images, other.images), "training and validation examples differ"
 
 
 def _images_and_labels(n_images=16, n_labels=16, images=torch.float32, labels=torch.int64, low=0, nan=False):

@@ -42,6 +42,7 @@ _IDX_DATASETS = {
 _SPLIT_FILES = {True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                 False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 _SYNTHETIC_DEFAULT_SIZE = {True: 8192, False: 2048}  # examples when train/val_size is null
+_SYNTHETIC_BLOCK = 256  # synthetic examples drawn from one seed
 
 
 @dataclass
@@ -336,17 +337,31 @@ def _idx_split(cfg: DataConfig, train: bool) -> Split:
 
 
 def _synthetic(cfg: DataConfig, train: bool) -> Split:
-    """Class prototypes (smooth random patterns) plus Gaussian noise, the same on every rank."""
+    """Class prototypes (smooth random patterns) plus Gaussian noise, the same on every rank.
+
+    Examples are drawn in blocks of a fixed size, each block from a seed of its own, so the
+    first N examples are the same whatever the split's size: train_size and val_size take
+    the first N, as of a data set read from files. (Drawn in one go, every image depended on
+    the size asked for: val_size=300 and 301 shared no image, a data-size sweep no example.)
+    """
     n = (cfg.train_size if train else cfg.val_size) or _SYNTHETIC_DEFAULT_SIZE[train]
     g = torch.Generator().manual_seed(cfg.seed)
     coarse = torch.randn(cfg.num_classes, cfg.channels, 7, 7, generator=g)
     prototypes = torch.nn.functional.interpolate(
         coarse, size=(cfg.image_size, cfg.image_size), mode="bilinear", align_corners=False
     )
-    g.manual_seed(cfg.seed + (1 if train else 2))  # train and val differ, prototypes do not
-    labels = torch.randint(cfg.num_classes, (n,), generator=g)
-    noise = torch.randn(n, cfg.channels, cfg.image_size, cfg.image_size, generator=g)
-    return Split(prototypes[labels] + cfg.noise * noise, labels)
+    labels = torch.empty(n, dtype=torch.int64)
+    images = torch.empty(n, cfg.channels, cfg.image_size, cfg.image_size)
+    for block, start in enumerate(range(0, n, _SYNTHETIC_BLOCK)):
+        # train and val differ, prototypes do not; 32-bit seeds, all a CPU generator keeps
+        seed = np.random.SeedSequence([cfg.seed, int(train), block]).generate_state(1)[0]
+        g.manual_seed(int(seed))
+        end = min(start + _SYNTHETIC_BLOCK, n)  # each block drawn whole: torch draws a shorter tensor differently
+        y = torch.randint(cfg.num_classes, (_SYNTHETIC_BLOCK,), generator=g)[:end - start]
+        noise = torch.randn(_SYNTHETIC_BLOCK, *images.shape[1:], generator=g)[:end - start]
+        labels[start:end] = y
+        torch.add(prototypes[y], noise, alpha=cfg.noise, out=images[start:end])
+    return Split(images, labels)
 
 
 # data option -> loader (config, training split?) -> the whole split in memory. A data set
