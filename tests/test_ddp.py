@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,6 +147,10 @@ def _images_and_labels(n_images=16, n_labels=16, images=torch.float32, labels=to
     (_images_and_labels(labels=torch.int32), "has torch.int32 labels; its loader must return int64 labels"),
     (_images_and_labels(low=-1), "has a label -1; labels run from 0 to data.num_classes - 1"),
     (_images_and_labels(nan=True), "has images holding nan or inf values"),
+    # an empty split trained or judged nothing and reported a loss and an accuracy of 0
+    (_images_and_labels(n_images=0, n_labels=0), "data=mine's training split has no examples"),
+    (lambda cfg, train: _images_and_labels(n_images=16 if train else 0, n_labels=16 if train else 0)(cfg, train),
+     "data=mine's validation split has no examples"),
     (lambda cfg, train: (torch.zeros(16, 1, 8, 8), torch.zeros(16, dtype=torch.int64)),
      "data=mine's loader returned a tuple for the training split; it must return ddpscale.data.Split"),
     (lambda cfg, train: Split(torch.zeros(16, 1, 8, 8).numpy(), torch.zeros(16, dtype=torch.int64)),
@@ -156,6 +161,23 @@ def test_a_plugged_in_data_set_of_the_wrong_kind_is_named_before_any_worker(monk
     cfg = DataConfig(name="mine", channels=1, image_size=8, num_classes=2, batch_size=4)
     with pytest.raises(ConfigError, match=message):
         prepare(cfg, world_size=1)
+
+
+def _idx_file(path, array: np.ndarray) -> None:
+    """An IDX file of unsigned bytes, as MNIST's are."""
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(d.to_bytes(4, "big") for d in array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def test_a_data_file_of_no_examples_is_named_before_any_worker(tmp_path):
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for stem, n in (("train", 16), ("t10k", 0)):
+        _idx_file(raw / f"{stem}-images-idx3-ubyte", np.zeros((n, 28, 28)))
+        _idx_file(raw / f"{stem}-labels-idx1-ubyte", np.arange(n) % 10)
+    cfg = DataConfig(name="fashion_mnist", root=str(tmp_path), download=False, batch_size=4)
+    with pytest.raises(ConfigError, match="t10k-images-idx3-ubyte holds no examples"):
+        prepare(cfg, world_size=2)
 
 
 @pytest.mark.parametrize("channels", [3, 4])

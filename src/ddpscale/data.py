@@ -100,6 +100,9 @@ def _check_idx(cfg: DataConfig, folder: Path) -> int:
     shapes = {stem: _check_complete(path) for stem, path in paths.items()}  # each header read once
     for images, labels in _SPLIT_FILES.values():
         _check_pair(paths[images], shapes[images], paths[labels], shapes[labels])
+        if shapes[images][0] == 0:  # a run would train or judge on nothing and report 0 for it
+            raise ConfigError(f"{paths[images]} holds no examples; the file is damaged or belongs to "
+                              "another data set: replace it")
     (train_images, train_labels), (val_images, val_labels) = _SPLIT_FILES[True], _SPLIT_FILES[False]
     shape = shapes[train_images]
     if shape[1:] != (cfg.image_size, cfg.image_size) or cfg.channels != 1:
@@ -165,6 +168,9 @@ def _check_tensors(cfg: DataConfig, split: Split, name: str) -> None:
     if len(images) != len(labels):
         raise ConfigError(f"{what} has {len(images)} images but {len(labels)} labels; its loader "
                           "must return one label per image")
+    if not len(labels):  # trained or judged nothing, and results.csv said loss 0 and accuracy 0
+        raise ConfigError(f"{what} has no examples; a run trains on the training split and judges each "
+                          "epoch on the validation split, so its loader must return at least one example for each")
     if images.dtype not in (torch.uint8, torch.float32):
         raise ConfigError(f"{what} has {images.dtype} images; its loader must return uint8 (0-255) "
                           "or float32 images")
