@@ -47,7 +47,7 @@ class CNNConfig(ModelConfig):
     hidden: int = 128
     """Width of the fully connected hidden layer."""
     dropout: float = 0.25
-    """Dropout after the convolutions; twice this after the hidden layer. In [0, 1)."""
+    """Dropout after the convolutions; twice this (at most 0.9) after the hidden layer. In [0, 1)."""
 
 
 @dataclass
@@ -88,7 +88,9 @@ class DataConfig:
     """memory: decode once into tensors and draw batches by index (on the GPU with CUDA);
     dataloader: the textbook torch DataLoader with per-sample transforms."""
     drop_last: bool = False
-    """Drop the tail of each rank's shard that does not fill a batch."""
+    """Drop the tail of each rank's shard that does not fill a batch, and the examples left
+    over when the training set does not split evenly across ranks (false: DistributedSampler
+    pads the shards to equal length with repeats, and every example is seen)."""
     channels: int = 1
     """Image channels (models read it from here)."""
     image_size: int = 28
