@@ -17,7 +17,7 @@ from omegaconf.errors import ConfigAttributeError, ValidationError
 
 from conftest import QUICK, REPO, output, read_run, run_train
 from ddpscale.config import (
-    AdamWConfig, CNNConfig, Config, ConfigError, ModelConfig, SGDConfig, WideResNetConfig,
+    AdamWConfig, CNNConfig, Config, ConfigError, DataConfig, ModelConfig, SGDConfig, WideResNetConfig,
     register_configs, to_config, validate,
 )
 from ddpscale.sweep import command_line_problem, register_resolvers
@@ -420,3 +420,28 @@ def test_printing_the_resolved_hydra_config_creates_no_directories(tmp_path, cfg
     assert proc.returncode == 0, output(proc)
     assert "dir: outputs/" in proc.stdout and "dir: multirun/" in proc.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name,given,fix", [
+    ("fashion_mnist", "data/FashionMNIST/raw", "Fix: data.root={tmp}/data"),
+    ("fashion_mnist", "data/FashionMNIST", "Fix: data.root={tmp}/data"),
+    ("fashion_mnist", "flat", "Fix: move them into {tmp}/flat/FashionMNIST/raw"),
+    # the two data sets' files have the same names
+    ("mnist", "data/FashionMNIST/raw", "Fix: data=fashion_mnist data.root={tmp}/data to train on these"),
+])
+def test_a_data_root_one_level_off_names_the_right_one_instead_of_downloading(tmp_path, fmnist_root, name,
+                                                                                given, fix):
+    # data.root pointed at the folder of the files themselves: with data.download=true (the
+    # default) a second copy was downloaded into <root>/FashionMNIST/raw, offline the run failed
+    # saying only that it found no data
+    from ddpscale.data import prepare
+
+    files = sorted((fmnist_root / "FashionMNIST" / "raw").glob("*-ubyte*"))
+    target = tmp_path / ("flat" if given == "flat" else "data/FashionMNIST/raw")
+    target.mkdir(parents=True)
+    for f in files:
+        (target / f.name).symlink_to(f)
+    cfg = DataConfig(name=name, root=str(tmp_path / given), download=True)
+    with pytest.raises(ConfigError, match=re.escape(fix.format(tmp=tmp_path))):
+        prepare(cfg, world_size=1)
+    assert [p.name for p in (tmp_path / given).iterdir() if p.is_dir()] in ([], ["raw"])  # nothing downloaded

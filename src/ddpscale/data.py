@@ -74,11 +74,35 @@ def prepare(cfg: DataConfig, world_size: int) -> None:
         _refuse_generator_keys(cfg)
         folder = _raw_folder(cfg)
         if _missing_files(folder):
+            _refuse_misplaced_root(cfg, folder)
             if not cfg.download:
                 raise ConfigError(_missing_message(cfg, folder, "data.download=false"))
             _download(cfg, folder)
         train_count = _check_idx(cfg, folder)
     _check_batches(cfg, world_size, train_count)
+
+
+def _refuse_misplaced_root(cfg: DataConfig, folder: Path) -> None:
+    """data.root given as the folder that holds the files (or the one above it), a level off
+    from the DIR of DIR/<DatasetName>/raw/: name the root to give, rather than download a
+    second copy below it or, offline, say only that no data was found."""
+    root = Path(cfg.root).expanduser()
+    holder = next((d for d in (root, root / "raw") if not _missing_files(d)), None)
+    if holder is None:
+        return
+    dataset_dir, raw = folder.parent.name, folder.name
+    other = {d: option for option, d in _IDX_DATASETS.items()}.get(holder.parent.name)
+    if holder.name == raw and holder.parent.name == dataset_dir:
+        fix = f"data.root={holder.parent.parent}"
+    elif holder.name == raw and other:  # MNIST and Fashion-MNIST files have the same names
+        fix = (f"data={other} data.root={holder.parent.parent} to train on these, or data.root=DIR "
+               f"with DIR/{dataset_dir}/{raw}/ holding {cfg.name}'s files")
+    else:
+        fix = f"move them into {folder}, or into DIR/{dataset_dir}/{raw}/ and give data.root=DIR"
+    raise ConfigError(
+        f"data={cfg.name}: the data files are in {holder}, but data.root names the folder that holds "
+        f"{dataset_dir}/{raw}/ (it looked in {folder}). Fix: {fix}"
+    )
 
 
 def _refuse_generator_keys(cfg: DataConfig) -> None:
