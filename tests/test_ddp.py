@@ -151,6 +151,16 @@ def _images_and_labels(n_images=16, n_labels=16, images=torch.float32, labels=to
     (_images_and_labels(n_images=0, n_labels=0), "data=mine's training split has no examples"),
     (lambda cfg, train: _images_and_labels(n_images=16 if train else 0, n_labels=16 if train else 0)(cfg, train),
      "data=mine's validation split has no examples"),
+    # images without a channel axis, or with it last (numpy's and PIL's layout): the message
+    # said to set data.channels and data.image_size, which were right
+    (lambda cfg, train: Split(torch.zeros(16, 8, 8), torch.zeros(16, dtype=torch.int64)),
+     r"data=mine's training images are 8x8, without a channel axis; its loader must return them as "
+     r"\(N, channels, height, width\): images.unsqueeze\(1\)"),
+    (lambda cfg, train: Split(torch.zeros(16, 8, 8, 1), torch.zeros(16, dtype=torch.int64)),
+     r"data=mine's training images are 8x8x1, channels last; its loader must return them as "
+     r"\(N, channels, height, width\): images.permute\(0, 3, 1, 2\)"),
+    (lambda cfg, train: Split(torch.zeros(16, 1, 9, 9), torch.zeros(16, dtype=torch.int64)),
+     r"data=mine's training images are 1x9x9 but the config says data.channels=1, data.image_size=8"),
     (lambda cfg, train: (torch.zeros(16, 1, 8, 8), torch.zeros(16, dtype=torch.int64)),
      "data=mine's loader returned a tuple for the training split; it must return ddpscale.data.Split"),
     (lambda cfg, train: Split(torch.zeros(16, 1, 8, 8).numpy(), torch.zeros(16, dtype=torch.int64)),

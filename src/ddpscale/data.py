@@ -165,11 +165,7 @@ def _check_plugged_in(cfg: DataConfig) -> int:
         split = _loader(cfg)(cfg, train)
         wanted, name = getattr(cfg, key), "training" if train else "validation"
         _check_tensors(cfg, split, name)
-        if tuple(split.images.shape[1:]) != (cfg.channels, cfg.image_size, cfg.image_size):
-            raise ConfigError(
-                f"data={cfg.name}'s {name} images are {'x'.join(map(str, split.images.shape[1:]))} "
-                f"but the config says data.channels={cfg.channels}, data.image_size="
-                f"{cfg.image_size}; set those keys in its conf/data/{cfg.name}.yaml")
+        _check_layout(cfg, split.images, name)
         if len(split) and int(split.labels.max()) >= cfg.num_classes:
             raise ConfigError(
                 f"data={cfg.name} has labels up to {int(split.labels.max())} but data.num_classes="
@@ -181,6 +177,25 @@ def _check_plugged_in(cfg: DataConfig) -> int:
         if train:
             train_count = wanted or len(split)
     return train_count
+
+
+def _check_layout(cfg: DataConfig, images: torch.Tensor, name: str) -> None:
+    """Images of (N, channels, image_size, image_size), or a ConfigError with the fix: images
+    without a channel axis or with it last (numpy's and PIL's layout) were told to change
+    data.channels and data.image_size, which were right."""
+    shape, size = tuple(images.shape[1:]), cfg.image_size
+    if shape == (cfg.channels, size, size):
+        return
+    what = f"data={cfg.name}'s {name} images are {'x'.join(map(str, shape))}"
+    wanted = "(N, channels, height, width)"
+    if cfg.channels == 1 and shape == (size, size):
+        raise ConfigError(f"{what}, without a channel axis; its loader must return them as {wanted}: "
+                          "images.unsqueeze(1)")
+    if shape == (size, size, cfg.channels):
+        raise ConfigError(f"{what}, channels last; its loader must return them as {wanted}: "
+                          "images.permute(0, 3, 1, 2)")
+    raise ConfigError(f"{what} but the config says data.channels={cfg.channels}, data.image_size={size}, "
+                      f"images of {cfg.channels}x{size}x{size}; set those keys in its conf/data/{cfg.name}.yaml")
 
 
 def _check_tensors(cfg: DataConfig, split: Split, name: str) -> None:
