@@ -161,6 +161,10 @@ def _images_and_labels(n_images=16, n_labels=16, images=torch.float32, labels=to
      r"\(N, channels, height, width\): images.permute\(0, 3, 1, 2\)"),
     (lambda cfg, train: Split(torch.zeros(16, 1, 9, 9), torch.zeros(16, dtype=torch.int64)),
      r"data=mine's training images are 1x9x9 but the config says data.channels=1, data.image_size=8"),
+    # a column of labels failed in a worker: "0D or 1D target tensor expected, multi-target not supported"
+    (lambda cfg, train: Split(torch.zeros(16, 1, 8, 8), torch.zeros(16, 1, dtype=torch.int64)),
+     r"data=mine's training split has labels of shape \(16, 1\); its loader must return one label per "
+     r"image, a tensor of shape \(N,\): labels.flatten\(\)"),
     (lambda cfg, train: (torch.zeros(16, 1, 8, 8), torch.zeros(16, dtype=torch.int64)),
      "data=mine's loader returned a tuple for the training split; it must return ddpscale.data.Split"),
     (lambda cfg, train: Split(torch.zeros(16, 1, 8, 8).numpy(), torch.zeros(16, dtype=torch.int64)),

@@ -204,6 +204,9 @@ def _check_tensors(cfg: DataConfig, split: Split, name: str) -> None:
     what = f"data={cfg.name}'s {name} split"
     _check_kind(cfg, split, name)
     images, labels = split.images, split.labels
+    if labels.dim() != 1:  # a column of labels failed in a worker, inside the loss
+        raise ConfigError(f"{what} has labels of shape {tuple(labels.shape)}; its loader must return one "
+                          "label per image, a tensor of shape (N,): labels.flatten()")
     if len(images) != len(labels):
         raise ConfigError(f"{what} has {len(images)} images but {len(labels)} labels; its loader "
                           "must return one label per image")
