@@ -65,6 +65,33 @@ def test_two_nodes_over_loopback_form_one_world_of_four(tmp_path):
     assert "run completed" not in logs[0]
 
 
+def test_a_worker_failing_on_node_1_is_what_node_0_records(tmp_path):
+    """Rank 1, node 1's only worker, raises; rank 0 then fails with gloo's "Connection closed
+    by peer". run.json (node 0's) recorded that symptom, so the cause was only on node 1's
+    console; as under torchrun, it must name rank 1's error, with rank 1's traceback."""
+    common = [*QUICK, "train.epochs=1", "train.sync_probe_steps=0", "model.name=crashing_cnn",
+              "distributed.num_gpus=1", "distributed.num_nodes=2", "distributed.master_addr=127.0.0.1",
+              f"distributed.master_port={free_port()}"]
+    start = time.monotonic()
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "tests/crashing_train.py", *common, f"distributed.node_id={k}",
+             f"hydra.run.dir={tmp_path}/node{k}"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "CRASH_RANK": "1"},
+        )
+        for k in (1, 0)
+    ]
+    logs = [n.communicate(timeout=120)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [1, 1], logs
+    assert time.monotonic() - start < 60
+    run = read_run(tmp_path / "node0")
+    assert run["status"] == "failed", run
+    assert run["error"] == "rank 1 raised RuntimeError: injected failure on rank 1", logs
+    assert 'raise RuntimeError(f"injected failure on rank {rank}")' in run["traceback"]
+    assert "run failed: rank 1 raised RuntimeError: injected failure on rank 1" in logs[1]
+
+
 def test_nodes_given_different_num_gpus_both_stop_at_once_naming_the_key(tmp_path):
     # The workers' rendezvous used to wait out distributed.timeout_s (60 s here) and blame master_addr.
     common = [*QUICK, "distributed.num_nodes=2", "distributed.master_addr=127.0.0.1",

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import tempfile
+import textwrap
 import traceback
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
@@ -477,9 +478,11 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
                 _prepare_data_once(plan.cfg, placement)
             return _body(worker, ctx, plan.cfg, out_dir)
         except (Exception, Interrupted) as err:
-            if plan.launcher == ddist.SPAWN:
+            if plan.launcher == ddist.SPAWN and placement.num_nodes == 1:
                 raise  # the job process sees every worker and names the first to fail
-            _raise_first_stop(err, str(out_dir), placement)
+            # torchrun, SLURM, or spawn on several nodes: each job process sees only its own
+            # node's workers, and node 0's would record a symptom of another node's failure
+            _raise_first_stop(err, str(out_dir), placement, plan.launcher)
             raise
 
 
@@ -494,11 +497,12 @@ def _body(worker: WorkerFn, ctx: ddist.WorkerContext, cfg: Config, out_dir: Path
                            "before the run finished") from None
 
 
-def _raise_first_stop(err: BaseException, run: str, placement: ddist.Placement) -> None:
-    """Under torchrun/SLURM: post why this rank stopped; on global rank 0, raise the
-    first rank's stop instead of its own when that came first. When a rank fails,
-    torchrun SIGTERMs the others and gloo breaks their connections: symptoms, which
-    run.json must not report as the cause (nor a Ctrl-C on another node as a failure)."""
+def _raise_first_stop(err: BaseException, run: str, placement: ddist.Placement, launcher: str) -> None:
+    """Under torchrun/SLURM, or spawned on several nodes: post why this rank stopped; on
+    global rank 0, raise the first rank's stop instead of its own when that came first.
+    When a rank fails, torchrun SIGTERMs the others and gloo breaks their connections:
+    symptoms, which run.json must not report as the cause (nor a Ctrl-C on another node as
+    a failure)."""
     if isinstance(err, Interrupted):
         stop = {"kind": "interrupted", "signum": err.signum}
     else:
@@ -509,7 +513,12 @@ def _raise_first_stop(err: BaseException, run: str, placement: ddist.Placement) 
     if isinstance(err, ConfigError) or (isinstance(err, Interrupted) and first["kind"] == "interrupted"):
         return  # every rank's own: exit 2 for a config error; a Ctrl-C reached this rank too
     if first["kind"] == "failed":
-        raise ddist.PeerFailure(first["rank"], first["error"], first["traceback"]) from err
+        failure = ddist.PeerFailure(first["rank"], first["error"], first["traceback"])
+        if launcher == ddist.SPAWN:  # the job process gets this worker's traceback text only
+            # indented, so that _raised_line still finds this exception's line, not rank N's
+            peer = textwrap.indent(first["traceback"].rstrip(), "    ")
+            failure.__notes__ = [f"rank {first['rank']}'s traceback:\n{peer}"]
+        raise failure from err
     raise Interrupted(first["signum"], first["rank"]) from err
 
 
@@ -558,7 +567,11 @@ def _configure_worker_logging(placement: ddist.Placement, plan: Plan) -> None:
 def _failure_message(err: BaseException) -> str:
     """One line that says which worker failed and why."""
     if isinstance(err, mp.ProcessRaisedException):
-        return f"worker {err.error_index} raised {_raised_line(str(err))}"
+        line = _raised_line(str(err))
+        peer = f"{ddist.PeerFailure.__module__}.{ddist.PeerFailure.__qualname__}: "
+        if line.startswith(peer):  # a rank on another node failed first: "rank 1 raised ..."
+            return line[len(peer):]
+        return f"worker {err.error_index} raised {line}"
     if isinstance(err, mp.ProcessExitedException):
         return f"worker {err.error_index} died: {err}"
     if isinstance(err, ddist.PeerFailure):
