@@ -360,6 +360,26 @@ def test_ctrl_c_on_another_node_is_recorded_as_interrupted_not_failed(tmp_path):
     assert (run["status"], run["error"]) == ("interrupted", "stopped by SIGINT on rank 1"), logs
 
 
+def test_under_torchrun_a_run_dir_refused_by_rank_0_ends_every_rank_at_once(tmp_path):
+    """Only rank 0 checks the directory; it exits 2 before the process group. Rank 1, blocked
+    in the rendezvous (C++), deferred torchrun's SIGTERM to a Python handler that never ran:
+    "Unable to shutdown process ... via 15, forcefully exiting via 9" 30 s later."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "results.csv").write_text("epoch\n1\n")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [*TORCHRUN, "--standalone", "--nproc-per-node=2", str(REPO / "train.py"), *QUICK,
+         f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode != 0
+    assert f"error: hydra.run.dir={run_dir} already holds run files" in output(proc)
+    assert "forcefully exiting" not in output(proc), output(proc)
+    assert time.monotonic() - start < 25
+    assert (run_dir / "results.csv").read_text() == "epoch\n1\n"
+
+
 def test_a_sweep_under_torchrun_is_refused_before_any_job(tmp_path):
     # each worker would run the whole sweep, and one rank's failure would hold the others
     proc = subprocess.run(

@@ -12,6 +12,7 @@ No other module reads RANK/SLURM_* or calls `init_process_group`. Three launcher
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import json
 import logging
@@ -547,35 +548,41 @@ def first_stop(run: str, rank: int, stop: dict) -> dict | None:
         return None
 
 
+# The signals that stop a run: Ctrl-C, kill, and SIGHUP (the terminal closed).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextmanager
+def _stop_signals_end_at_once() -> Iterator[None]:
+    """Give the stop signals their default action (end the process) for the block.
+
+    Joining the group blocks in C++ (gloo connects to every rank) until all ranks arrive or
+    distributed.timeout_s passes, and a Python signal handler runs only once that returns.
+    Under torchrun a rank whose peer had already exited (rank 0 refusing a used run directory,
+    say) thus deferred torchrun's SIGTERM, and ended by SIGKILL 30 s later."""
+    saved = {s: signal.signal(s, signal.SIG_DFL) for s in STOP_SIGNALS
+             if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
 @contextmanager
 def process_group(
-    placement: Placement, backend: str, rendezvous: Rendezvous | None, hosts_store: bool = False
+    placement: Placement, backend: str, rendezvous: Rendezvous | None, hosts_store: bool = False,
+    launched: bool = False,
 ) -> Iterator[None]:
-    """Join the process group for the body of the block; always destroy it afterwards."""
+    """Join the process group for the body of the block; always destroy it afterwards.
+
+    `launched`: this process is a torchrun/SLURM rank, whose stop signals have handlers (a
+    spawned worker's SIGTERM from its job process keeps the default action)."""
     timeout = timedelta(seconds=rendezvous.timeout_s if rendezvous else 300)
     where = f"{rendezvous.addr}:{rendezvous.port}" if rendezvous else "env://"
     try:
-        if rendezvous is None:  # torchrun: its agent already set MASTER_ADDR/PORT
-            dist.init_process_group(backend, timeout=timeout)
-        else:
-            store = dist.TCPStore(
-                rendezvous.addr,
-                rendezvous.port,
-                world_size=placement.world_size if hosts_store else None,
-                is_master=hosts_store,
-                timeout=timeout,
-                wait_for_workers=False,
-            )
-            dist.init_process_group(
-                backend,
-                store=store,
-                rank=placement.rank,
-                world_size=placement.world_size,
-                timeout=timeout,
-            )
-        # Everyone must have arrived before training starts; with a store-based init a
-        # missing node is only noticed here, so give it the same deadline.
-        dist.barrier()
+        with _stop_signals_end_at_once() if launched else contextlib.nullcontext():
+            _join(placement, backend, rendezvous, hosts_store, timeout)
     except Exception as err:
         raise RuntimeError(
             f"rank {placement.rank}: rendezvous at distributed.master_addr:master_port = {where} "
@@ -591,6 +598,32 @@ def process_group(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _join(placement: Placement, backend: str, rendezvous: Rendezvous | None, hosts_store: bool,
+          timeout: timedelta) -> None:
+    """init_process_group, then a barrier: every rank has arrived."""
+    if rendezvous is None:  # torchrun: its agent already set MASTER_ADDR/PORT
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        store = dist.TCPStore(
+            rendezvous.addr,
+            rendezvous.port,
+            world_size=placement.world_size if hosts_store else None,
+            is_master=hosts_store,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=placement.rank,
+            world_size=placement.world_size,
+            timeout=timeout,
+        )
+    # Everyone must have arrived before training starts; with a store-based init a
+    # missing node is only noticed here, so give it the same deadline.
+    dist.barrier()
 
 
 def die_with_parent(parent_pid: int) -> None:

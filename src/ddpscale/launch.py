@@ -45,8 +45,7 @@ WorkerFn = Callable[[ddist.WorkerContext, Config, Path], dict[str, Any]]
 # terminal closed or the SSH connection dropped), which would otherwise end the job
 # process at once and leave run.json saying "running". One ignored when the job starts
 # (SIGHUP under nohup) stays ignored, in the job and in its workers.
-_STOP_SIGNAL_NUMBERS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
-                             if hasattr(signal, name))
+_STOP_SIGNAL_NUMBERS = ddist.STOP_SIGNALS
 
 
 def catch_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
@@ -469,7 +468,8 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
         ddist.configure_cpu_worker(placement.local_world_size, plan.cfg.train.threads,
                                    plan.cfg.train.malloc_cache, task_cpus)
     ctx = ddist.WorkerContext(placement, device, plan.backend, plan.launcher)
-    with ddist.process_group(placement, plan.backend, plan.rendezvous, hosts_store=hosts_store):
+    with ddist.process_group(placement, plan.backend, plan.rendezvous, hosts_store=hosts_store,
+                             launched=plan.launcher != ddist.SPAWN):
         out_dir = _agree_on_output_dir(Path(plan.out_dir), placement)
         if plan.launcher != ddist.SPAWN:  # spawned workers share their job's config, checked across nodes
             _agree_on_settings(plan.cfg, placement)
