@@ -444,10 +444,13 @@ def test_a_fixed_sweep_subdir_is_refused_before_any_job(tmp_path):
     assert read_run(tmp_path / "one" / "same")["status"] == "completed"
 
 
-def test_two_jobs_of_a_sweep_given_one_directory_keep_the_first_and_count_the_second(tmp_path):
-    # a subdir that varies, but not with what the sweep varies
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=slurm_local"],
+                                      ["hydra/launcher=slurm_local", "distributed.num_gpus=2"]])
+def test_two_jobs_of_a_sweep_given_one_directory_keep_the_first_and_count_the_second(tmp_path, launcher):
+    # a subdir that varies, but not with what the sweep varies. Under slurm_local the second
+    # job's refusal was counted in its task's process only: "1 run(s), 1 completed", exit 0
     proc = run_train(*QUICK, "train.epochs=1", "optim.lr=0.01,0.1", f"hydra.sweep.dir={tmp_path}",
-                     "hydra.sweep.subdir=seed${train.seed}", "-m")
+                     "hydra.sweep.subdir=seed${train.seed}", *launcher, "-m")
     assert proc.returncode == 1, output(proc)
     text = output(proc)
     assert f"{tmp_path}/seed0 already holds run files (results.csv, run.json)" in text

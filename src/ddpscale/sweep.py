@@ -254,29 +254,47 @@ def refuse_a_used_dir(config: DictConfig, mode: str) -> None:
         sys.exit(2)
 
 
+# The jobs that hydra/launcher=slurm or slurm_local ran, as task 0 returned them: their
+# on_job_end ran in that task's process, so the sweep's SweepSummary never saw them.
+_SUBMITTED: list[JobReturn] = []
+
+
+def count_submitted_job(job_return: JobReturn) -> None:
+    """Hand a job that a submitit launcher ran elsewhere (task 0's JobReturn) to SweepSummary."""
+    _SUBMITTED.append(job_return)
+
+
+def _unrecorded(job_return: JobReturn) -> dict[str, Any] | None:
+    """A job's row for the summary when its run.json does not count it, else None."""
+    out_dir = Path(job_return.hydra_cfg.hydra.runtime.output_dir)
+    outcome = job_return.return_value if job_return.status == JobStatus.COMPLETED else None
+    if (out_dir / RUN_FILE).exists() and getattr(outcome, "recorded", True):
+        return None  # counted from its run.json (unless that is another job's: recorded=False)
+    if outcome is not None:  # launch.Outcome
+        status, error = getattr(outcome, "status", "completed"), getattr(outcome, "error", None)
+    else:
+        # the exception it raised (the public return_value would re-raise it)
+        status, error = "failed", str(job_return._return_value)
+    return {"dir": str(out_dir), "status": status, "error": error,
+            "overrides": list(job_return.overrides or [])}
+
+
 class SweepSummary(Callback):
     """At the end of a multirun: list the jobs that did not complete; exit 1 if any.
 
     Runs are counted from their run.json, which only the process holding global rank 0
-    writes; a job of this process that left none (on a node other than 0 of a
-    multi-node run) is counted from what it returned.
+    writes; a job that left none, or only another job's (two jobs given one directory),
+    is counted from what it returned: here, or under the submitit launchers from what
+    their task 0 returned (count_submitted_job).
     """
 
     def __init__(self) -> None:
         self.unrecorded: list[dict[str, Any]] = []
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        out_dir = Path(job_return.hydra_cfg.hydra.runtime.output_dir)
-        outcome = job_return.return_value if job_return.status == JobStatus.COMPLETED else None
-        if (out_dir / RUN_FILE).exists() and getattr(outcome, "recorded", True):
-            return  # counted from its run.json (unless that is another job's: recorded=False)
-        if outcome is not None:  # launch.Outcome
-            status, error = getattr(outcome, "status", "completed"), getattr(outcome, "error", None)
-        else:
-            # the exception it raised (the public return_value would re-raise it)
-            status, error = "failed", str(job_return._return_value)
-        self.unrecorded.append({"dir": str(out_dir), "status": status, "error": error,
-                                "overrides": list(job_return.overrides or [])})
+        row = _unrecorded(job_return)
+        if row is not None:
+            self.unrecorded.append(row)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -285,7 +303,8 @@ class SweepSummary(Callback):
         # both stamped by the same file system's clock.
         marker = sweep_dir / "multirun.yaml"
         rows, older = sweep_statuses(sweep_dir, since=marker.stat().st_mtime if marker.exists() else 0.0)
-        rows += self.unrecorded
+        rows += self.unrecorded + [row for row in map(_unrecorded, _SUBMITTED) if row is not None]
+        _SUBMITTED.clear()
         bad = [r for r in rows if r["status"] != "completed"]
         log.info("sweep %s: %d run(s), %d completed%s", sweep_dir, len(rows), len(rows) - len(bad),
                  f" ({older} older run(s) in this directory not counted)" if older else "")

@@ -30,6 +30,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import OmegaConf
 
 from ddpscale.launch import catch_stop_signals, restore_signals, resume_collector
+from ddpscale.sweep import count_submitted_job
 
 log = logging.getLogger(__name__)
 
@@ -226,11 +227,17 @@ def _result(job: Any, idx: int) -> JobReturn:
     from submitit.core.utils import UncompletedJobError
 
     try:
-        return job.results()[0]
+        job_return = job.results()[0]
+        count_submitted_job(job_return)  # its on_job_end ran in task 0's process, not here
+        return job_return
     except UncompletedJobError as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         log.error("job #%d failed: a task ended without a result (%s); see its run.json and "
                   "the logs in %s", idx, reason, job.paths.folder)
+        try:  # what task 0 returned counts the job when its run.json does not (one it refused)
+            count_submitted_job(job.task(0).result())
+        except UncompletedJobError:
+            pass  # task 0 left no result either: its run.json, if any, says what happened
         return JobReturn(overrides=None, status=JobStatus.COMPLETED, _return_value=None)
 
 
