@@ -249,7 +249,14 @@ def test_a_schema_stored_under_a_built_in_name_is_refused_naming_it(replacement)
     (["distributed.backend=nccl", "distributed.device=cpu"], "distributed.backend=nccl needs CUDA"),
     (["distributed.device=cuda"], "CUDA devices are visible"),
     (["distributed.num_gpus=2", "data.batch_size=512", "data.drop_last=true"],
-     "data.batch_size=512 is more than each of the 2 worker(s) gets (256 of 512"),
+     "data.batch_size=512 is more than each of the 2 worker(s) gets (256 of 512 training examples), "
+     "and data.drop_last=true drops that partial batch, so an epoch would train no step; lower "
+     "data.batch_size to 256 or less, raise data.train_size or set data.drop_last=false"),
+    # no batch size is small enough: one example for two workers
+    (["distributed.num_gpus=2", "data.train_size=1", "data.batch_size=1", "data.drop_last=true"],
+     "data.batch_size=1 is more than each of the 2 worker(s) gets (0 of 1 training examples), and "
+     "data.drop_last=true drops that partial batch, so an epoch would train no step; raise data.train_size "
+     "to 2 or more (one example per worker at least), run fewer workers or set data.drop_last=false"),
     (["distributed.comm_hook=shm", "distributed.num_nodes=2", "distributed.master_addr=127.0.0.1",
       "distributed.master_port=29999"], "distributed.comm_hook=shm needs CPU workers on one node"),
     # without -m, Hydra would run one job with none of the experiment's grid values

@@ -242,8 +242,11 @@ def _check_batches(cfg: DataConfig, world_size: int, train_count: int) -> None:
         raise ConfigError(
             f"data.batch_size={cfg.batch_size} is more than each of the {world_size} worker(s) gets "
             f"({per_worker} of {train_count} training examples), and data.drop_last=true drops "
-            "that partial batch, so an epoch would train no step; lower data.batch_size, "
-            "raise data.train_size or set data.drop_last=false"
+            "that partial batch, so an epoch would train no step; "
+            + (f"lower data.batch_size to {per_worker} or less, raise data.train_size" if per_worker else
+               f"raise data.train_size to {world_size} or more (one example per worker at least), "
+               "run fewer workers")
+            + " or set data.drop_last=false"
         )
     shard = -(-train_count // world_size)  # DistributedSampler's padded share
     if not cfg.drop_last and shard < cfg.batch_size:
