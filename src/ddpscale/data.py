@@ -142,7 +142,7 @@ def _check_idx(cfg: DataConfig, folder: Path) -> int:
             "leave data.num_classes at the data option's value"
         )
     val_y = _read_idx(paths[val_labels])
-    if val_y.size and int(val_y.max()) >= cfg.num_classes:
+    if int(val_y.max()) >= cfg.num_classes:
         raise ConfigError(
             f"{paths[val_labels]} has labels beyond the {cfg.num_classes} classes of the training "
             "labels; the file is damaged or belongs to another data set: replace it"
@@ -166,7 +166,7 @@ def _check_plugged_in(cfg: DataConfig) -> int:
         wanted, name = getattr(cfg, key), "training" if train else "validation"
         _check_tensors(cfg, split, name)
         _check_layout(cfg, split.images, name)
-        if len(split) and int(split.labels.max()) >= cfg.num_classes:
+        if int(split.labels.max()) >= cfg.num_classes:
             raise ConfigError(
                 f"data={cfg.name} has labels up to {int(split.labels.max())} but data.num_classes="
                 f"{cfg.num_classes}; set data.num_classes in its conf/data/{cfg.name}.yaml")
@@ -219,7 +219,7 @@ def _check_tensors(cfg: DataConfig, split: Split, name: str) -> None:
     if labels.dtype != torch.int64:
         raise ConfigError(f"{what} has {labels.dtype} labels; its loader must return int64 labels "
                           "(labels.long())")
-    if len(labels) and int(labels.min()) < 0:
+    if int(labels.min()) < 0:
         raise ConfigError(f"{what} has a label {int(labels.min())}; labels run from 0 to "
                           "data.num_classes - 1")
     if images.is_floating_point() and not bool(torch.isfinite(images).all()):
