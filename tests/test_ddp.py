@@ -22,23 +22,21 @@ DESIGN_COLUMNS = [
 ]
 
 
-def _shards(rank: int, world: int, port: int, out: str, data_cfg: DataConfig) -> None:
+# (loader, train_size, drop_last): every case the shard tests below read
+SHARD_CASES = [("memory", 100, False), ("memory", 103, False), ("memory", 103, True),
+               ("dataloader", 103, False), ("dataloader", 103, True)]
+
+
+def _shards(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     placement = Placement(rank, rank, world, world, 0)
     with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30)):
-        bundle = build_data(data_cfg, rank, world, seed=0, device=torch.device("cpu"))
-        mine = {"val_size": len(bundle.val_y)}
-        for epoch in (1, 2):
-            bundle.train.set_epoch(epoch)
-            idx = bundle.train.indices()
-            batches = [y for _, y in bundle.train]
-            labels = torch.cat(batches)
-            mine[epoch] = idx.tolist()
-            mine[f"batch_sizes_{epoch}"] = [len(y) for y in batches]
-            # The batches really follow the sampler's indices (all of them, or the full batches').
-            every = bundle.train.y if hasattr(bundle.train, "y") else bundle.train.loader.dataset.split.labels
-            mine[f"labels_follow_indices_{epoch}"] = bool(torch.equal(labels, every[idx[:len(labels)]]))
+        mine = {}
+        for loader, train_size, drop_last in SHARD_CASES:
+            cfg = DataConfig(name="synthetic", train_size=train_size, val_size=37, batch_size=8,
+                             loader=loader, mean=0.0, std=1.0, noise=1.0, seed=3, drop_last=drop_last)
+            mine[f"{loader} {train_size} {drop_last}"] = _rank_shards(cfg, rank, world)
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
         if rank == 0:
@@ -46,18 +44,41 @@ def _shards(rank: int, world: int, port: int, out: str, data_cfg: DataConfig) ->
                 json.dump(gathered, f)
 
 
-def shards(tmp_path, loader: str, world: int = 2, train_size: int = 103, drop_last: bool = False) -> list[dict]:
-    cfg = DataConfig(name="synthetic", train_size=train_size, val_size=37, batch_size=8,
-                     loader=loader, mean=0.0, std=1.0, noise=1.0, seed=3, drop_last=drop_last)
-    out = tmp_path / f"shards-{loader}-{drop_last}.json"
+def _rank_shards(data_cfg: DataConfig, rank: int, world: int) -> dict:
+    """This rank's training indices, batch sizes and validation size, epochs 1 and 2."""
+    bundle = build_data(data_cfg, rank, world, seed=0, device=torch.device("cpu"))
+    mine = {"val_size": len(bundle.val_y)}
+    for epoch in (1, 2):
+        bundle.train.set_epoch(epoch)
+        idx = bundle.train.indices()
+        batches = [y for _, y in bundle.train]
+        labels = torch.cat(batches)
+        mine[epoch] = idx.tolist()
+        mine[f"batch_sizes_{epoch}"] = [len(y) for y in batches]
+        # The batches really follow the sampler's indices (all of them, or the full batches').
+        every = bundle.train.y if hasattr(bundle.train, "y") else bundle.train.loader.dataset.split.labels
+        mine[f"labels_follow_indices_{epoch}"] = bool(torch.equal(labels, every[idx[:len(labels)]]))
+    return mine
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> dict[str, list[dict]]:
+    """Each case's shards on 2 ranks, from one process group: a group's start costs seconds."""
+    out, world = tmp_path_factory.mktemp("shards") / "shards.json", 2
     store = host_store("127.0.0.1", None, world, 30)  # as the launcher does: the parent hosts it
-    spawn(_shards, (world, store.port, str(out), cfg), world)
-    return [{k if not k.isdigit() else int(k): v for k, v in r.items()} for r in json.loads(out.read_text())]
+    spawn(_shards, (world, store.port, str(out)), world)
+    gathered = json.loads(out.read_text())
+    return {case: [{k if not k.isdigit() else int(k): v for k, v in r[case].items()} for r in gathered]
+            for case in gathered[0]}
+
+
+def shards(sharded, loader: str, train_size: int = 103, drop_last: bool = False) -> list[dict]:
+    return sharded[f"{loader} {train_size} {drop_last}"]
 
 
 @pytest.mark.parametrize("train_size", [100, 103])
-def test_training_shards_are_disjoint_cover_the_data_and_reshuffle(tmp_path, train_size):
-    ranks = shards(tmp_path, "memory", train_size=train_size)
+def test_training_shards_are_disjoint_cover_the_data_and_reshuffle(sharded, train_size):
+    ranks = shards(sharded, "memory", train_size=train_size)
     for epoch in (1, 2):
         per_rank = [r[epoch] for r in ranks]
         assert len({len(s) for s in per_rank}) == 1, "every rank takes as many steps"
@@ -69,30 +90,30 @@ def test_training_shards_are_disjoint_cover_the_data_and_reshuffle(tmp_path, tra
     assert ranks[0][1] != ranks[0][2], "set_epoch reshuffles"
 
 
-def test_validation_shards_count_every_example_once(tmp_path):
-    ranks = shards(tmp_path, "memory")
+def test_validation_shards_count_every_example_once(sharded):
+    ranks = shards(sharded, "memory")
     assert sum(r["val_size"] for r in ranks) == 37
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_memory_and_dataloader_paths_give_the_same_shards(tmp_path, drop_last):
-    memory = shards(tmp_path, "memory", drop_last=drop_last)
-    loader = shards(tmp_path, "dataloader", drop_last=drop_last)
+def test_memory_and_dataloader_paths_give_the_same_shards(sharded, drop_last):
+    memory = shards(sharded, "memory", drop_last=drop_last)
+    loader = shards(sharded, "dataloader", drop_last=drop_last)
     for epoch in (1, 2):
         assert [r[epoch] for r in memory] == [r[epoch] for r in loader]
         assert [r[f"batch_sizes_{epoch}"] for r in memory] == [r[f"batch_sizes_{epoch}"] for r in loader]
         assert all(r[f"labels_follow_indices_{epoch}"] for r in memory + loader)
 
 
-def test_drop_last_drops_the_tail_instead_of_padding_and_each_partial_batch(tmp_path):
+def test_drop_last_drops_the_tail_instead_of_padding_and_each_partial_batch(sharded):
     # 103 examples on 2 ranks: 51 each, no example twice; 6 full batches of 8, the 3 left dropped
-    ranks = shards(tmp_path, "memory", drop_last=True)
+    ranks = shards(sharded, "memory", drop_last=True)
     for epoch in (1, 2):
         per_rank = [r[epoch] for r in ranks]
         assert [len(s) for s in per_rank] == [51, 51]
         assert len(set(per_rank[0] + per_rank[1])) == 102
         assert all(r[f"batch_sizes_{epoch}"] == [8] * 6 for r in ranks)
-    padded = shards(tmp_path, "memory")
+    padded = shards(sharded, "memory")
     assert all(r["batch_sizes_1"] == [8] * 6 + [4] for r in padded)  # 52 each, the last batch partial
 
 
