@@ -79,28 +79,43 @@ def test_the_sync_share_counts_one_allreduce_per_accumulated_step():
     assert sync_share(0.9, 1.0, micro_batches=4) == 0.0  # noise, not a negative share
 
 
+def _accumulation_run(tmp_path, train_size: int, *knobs: str) -> dict[str, str]:
+    """The last row of a 2-worker epoch over the first train_size examples, dropout off."""
+    proc = run_train(*QUICK, "distributed.num_gpus=2", "model.dropout=0", "train.epochs=1",
+                     f"data.train_size={train_size}", *knobs, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, output(proc)
+    return read_rows(tmp_path)[-1]
+
+
+@pytest.fixture(scope="module")
+def full_batch_run(tmp_path_factory):
+    """The full-batch run of a training-set size, made once: two cases compare with one."""
+    made = {}
+
+    def run(train_size: int) -> dict[str, str]:
+        if train_size not in made:
+            made[train_size] = _accumulation_run(tmp_path_factory.mktemp("full"), train_size,
+                                                 "data.batch_size=32", "train.sync_probe_steps=0")
+        return made[train_size]
+    return run
+
+
 @pytest.mark.parametrize("train_size,static_graph", [(512, False), (480, False), (512, True)])
-def test_accumulating_two_half_batches_matches_one_full_batch(tmp_path, train_size, static_graph):
+def test_accumulating_two_half_batches_matches_one_full_batch(tmp_path, full_batch_run, train_size, static_graph):
     """no_sync accumulation: same data, same order, same gradients (dropout off). At 480
     images each rank has 15 half batches: the last optimizer step has one micro-batch of
     16, as the full-batch run's last batch has 16 images, and must weigh it as a whole step.
     With a static graph DDP must all-reduce its first backward, a no_sync step."""
-    common = [*QUICK, "distributed.num_gpus=2", "model.dropout=0", "train.epochs=1",
-              f"data.train_size={train_size}"]
-    full = run_train(*common, "data.batch_size=32", "train.sync_probe_steps=0",
-                     f"hydra.run.dir={tmp_path}/full")
-    accum = run_train(*common, "data.batch_size=16", "train.grad_accum_steps=2",
-                      f"distributed.static_graph={str(static_graph).lower()}",
-                      # the probe's no_sync steps come after the graph is recorded
-                      f"train.sync_probe_steps={2 if static_graph else 0}",
-                      f"hydra.run.dir={tmp_path}/accum")
-    assert full.returncode == 0 and accum.returncode == 0, output(accum)
-    a, b = read_rows(tmp_path / "full")[-1], read_rows(tmp_path / "accum")[-1]
+    a = full_batch_run(train_size)
+    b = _accumulation_run(tmp_path, train_size, "data.batch_size=16", "train.grad_accum_steps=2",
+                          f"distributed.static_graph={str(static_graph).lower()}",
+                          # the probe's no_sync steps come after the graph is recorded
+                          f"train.sync_probe_steps={2 if static_graph else 0}")
     assert float(a["val_loss"]) == pytest.approx(float(b["val_loss"]), rel=1e-3)
     assert float(a["train_loss"]) == pytest.approx(float(b["train_loss"]), rel=1e-3)
 
 
-def _count_allreduces(rank: int, world: int, port: int, accum: int, out: str) -> None:
+def _count_allreduces(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     placement = Placement(rank, rank, world, world, 0)
@@ -108,32 +123,41 @@ def _count_allreduces(rank: int, world: int, port: int, accum: int, out: str) ->
     with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 30)):
         data_cfg = DataConfig(name="synthetic", train_size=256, val_size=64, batch_size=16,
                               mean=0.0, std=1.0, noise=2.0)
-        torch.manual_seed(0)
-        # DDP's own all-reduce, so that the counting hook below is the only hook
-        model = wrap_ddp(CNN(CNNConfig(), data_cfg), ctx,
-                         DistributedConfig(bucket_cap_mb=100, comm_hook="none"))
-        calls = []
+        counts = {}
+        for accum in (1, 2, 4):
+            torch.manual_seed(0)
+            # DDP's own all-reduce, so that the counting hook below is the only hook
+            model = wrap_ddp(CNN(CNNConfig(), data_cfg), ctx,
+                             DistributedConfig(bucket_cap_mb=100, comm_hook="none"))
+            calls = []
 
-        def counting_hook(state, bucket):
-            calls.append(bucket.index())
-            return allreduce_hook(state, bucket)
+            def counting_hook(state, bucket, calls=calls):
+                calls.append(bucket.index())
+                return allreduce_hook(state, bucket)
 
-        model.register_comm_hook(None, counting_hook)
-        trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01),
-                          build_data(data_cfg, rank, world, 0, ctx.device), ctx,
-                          Reporter(False, None, {}, 1), grad_accum_steps=accum)
-        trainer.train_epoch(1)
+            model.register_comm_hook(None, counting_hook)
+            trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.01),
+                              build_data(data_cfg, rank, world, 0, ctx.device), ctx,
+                              Reporter(False, None, {}, 1), grad_accum_steps=accum)
+            trainer.train_epoch(1)
+            counts[accum] = len(calls)
         if rank == 0:
             with open(out, "w") as f:
-                json.dump(len(calls), f)
+                json.dump(counts, f)
+
+
+@pytest.fixture(scope="module")
+def allreduces(tmp_path_factory) -> dict[int, int]:
+    """Each grad_accum_steps' all-reduce count, from one 2-rank group (its start costs seconds)."""
+    out = tmp_path_factory.mktemp("allreduces") / "calls.json"
+    store = host_store("127.0.0.1", None, 2, 30)  # as the launcher does: the parent hosts it
+    spawn(_count_allreduces, (2, store.port, str(out)), 2)
+    return {int(accum): calls for accum, calls in json.loads(out.read_text()).items()}
 
 
 @pytest.mark.parametrize("accum,expected", [(1, 8), (2, 4), (4, 2)])
-def test_accumulation_steps_skip_the_allreduce(tmp_path, accum, expected):
-    out = tmp_path / "calls.json"
-    store = host_store("127.0.0.1", None, 2, 30)  # as the launcher does: the parent hosts it
-    spawn(_count_allreduces, (2, store.port, accum, str(out)), 2)
-    assert json.loads(out.read_text()) == expected  # 8 batches per rank, one bucket
+def test_accumulation_steps_skip_the_allreduce(allreduces, accum, expected):
+    assert allreduces[accum] == expected  # 8 batches per rank, one bucket
 
 
 def test_fashion_mnist_loads_and_trains_on_a_subset(tmp_path, fmnist_root):
