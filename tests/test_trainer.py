@@ -47,46 +47,50 @@ class _Watched:
         time.sleep(self.linger_s)  # after the last step's all-reduce: nobody waits for it
 
 
-def _train(rank: int, world: int, port: int, out: str, probe_steps: int) -> None:
+def _train_twice(rank: int, world: int, port: int, out: str) -> None:
+    """Train without and then with the sync probe, in one process group (its start costs seconds)."""
     torch.set_num_threads(1)
     placement = Placement(rank, rank, world, world, 0)
     ctx = WorkerContext(placement, CPU, "gloo", "spawn")
     with process_group(placement, "gloo", Rendezvous("127.0.0.1", port, 60)):
-        data_cfg = DataConfig(name="synthetic", train_size=128, val_size=32, batch_size=16,
-                              mean=0.0, std=1.0, noise=2.0, image_size=12)
-        torch.manual_seed(0)
-        data = build_data(data_cfg, rank, world, 0, CPU)
-        # BatchNorm buffers and dropout: what a probe could disturb
-        model = wrap_ddp(WideResNet(WideResNetConfig(depth=10, width=1, dropout=0.3), data_cfg), ctx,
-                         DistributedConfig())
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        epochs = 2
-        scheduler = build_scheduler(optimizer, SGDConfig(lr=0.05), total_steps=epochs * len(data.train))
-        data.train = watched = _Watched(data.train, LAST_RANK_LINGERS_S if rank == world - 1 else 0.0)
-        trainer = Trainer(model, optimizer, data, ctx, Reporter(False, None, {}, epochs),
-                          scheduler=scheduler, sync_probe_steps=probe_steps)
-        history = trainer.fit(epochs)
-        checksum = trainer.replica_checksum()
+        runs = {probe_steps: _train(rank, world, ctx, probe_steps) for probe_steps in (0, 2)}
         if rank == 0:
             with open(out, "w") as f:
-                json.dump({"epochs": watched.epochs, "draw_s": watched.draw_s,
-                           "epoch_time_s": [s.epoch_time_s for s in history],
-                           "losses": [(s.train_loss, s.val_loss) for s in history],
-                           "lr": optimizer.param_groups[0]["lr"], "scheduler_steps": scheduler.last_epoch,
-                           "steps": epochs * len(watched), "checksum": checksum}, f)
+                json.dump(runs, f)
 
 
-def _run(tmp_path, probe_steps: int) -> dict:
-    out = tmp_path / f"probe{probe_steps}.json"
-    store = host_store("127.0.0.1", None, 2, 60)  # as the launcher does: the parent hosts it
-    spawn(_train, (2, store.port, str(out), probe_steps), 2)
-    return json.loads(out.read_text())
+def _train(rank: int, world: int, ctx: WorkerContext, probe_steps: int) -> dict:
+    """Two epochs from seed 0; what rank 0 saw of them."""
+    data_cfg = DataConfig(name="synthetic", train_size=128, val_size=32, batch_size=16,
+                          mean=0.0, std=1.0, noise=2.0, image_size=12)
+    torch.manual_seed(0)
+    data = build_data(data_cfg, rank, world, 0, CPU)
+    # BatchNorm buffers and dropout: what a probe could disturb
+    model = wrap_ddp(WideResNet(WideResNetConfig(depth=10, width=1, dropout=0.3), data_cfg), ctx,
+                     DistributedConfig())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    epochs = 2
+    scheduler = build_scheduler(optimizer, SGDConfig(lr=0.05), total_steps=epochs * len(data.train))
+    data.train = watched = _Watched(data.train, LAST_RANK_LINGERS_S if rank == world - 1 else 0.0)
+    trainer = Trainer(model, optimizer, data, ctx, Reporter(False, None, {}, epochs),
+                      scheduler=scheduler, sync_probe_steps=probe_steps)
+    history = trainer.fit(epochs)
+    checksum = trainer.replica_checksum()
+    return {"epochs": watched.epochs, "draw_s": watched.draw_s,
+            "epoch_time_s": [s.epoch_time_s for s in history],
+            "losses": [(s.train_loss, s.val_loss) for s in history],
+            "sync_shares": [s.grad_sync_share for s in history],
+            "lr": optimizer.param_groups[0]["lr"], "scheduler_steps": scheduler.last_epoch,
+            "steps": epochs * len(watched), "checksum": checksum}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[int, dict]:
-    tmp = tmp_path_factory.mktemp("trainer")
-    return {probe: _run(tmp, probe) for probe in (0, 2)}
+    """Rank 0's view of the run without the sync probe (0) and with 2 probe steps (2)."""
+    out = tmp_path_factory.mktemp("trainer") / "runs.json"
+    store = host_store("127.0.0.1", None, 2, 60)  # as the launcher does: the parent hosts it
+    spawn(_train_twice, (2, store.port, str(out)), 2)
+    return {int(probe): run for probe, run in json.loads(out.read_text()).items()}
 
 
 def test_every_epoch_reshuffles(runs):
@@ -154,6 +158,7 @@ def test_without_a_warm_up_the_cosine_schedule_starts_at_the_rate():
 
 def test_the_sync_probe_leaves_training_exactly_as_it_was(runs):
     # gradients, dropout draws and BatchNorm statistics of the probe's steps are discarded
+    assert None not in runs[2]["sync_shares"] and runs[0]["sync_shares"] == [None, None], "the probe ran"
     assert runs[2]["losses"] == runs[0]["losses"]
     assert runs[2]["checksum"] == runs[0]["checksum"]
 
