@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +84,45 @@ def fmnist_root() -> Path:
     if root is None:
         pytest.skip("Fashion-MNIST not found under data/ or ../shared/data (CI provides it)")
     return root
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid`: its children, theirs, and so on (Linux's /proc)."""
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        for c in map(int, children):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (neither gone nor a zombie)."""
+    running = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.add(pid)
+    return running
+
+
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test():
+    """A test that fails before it stops what it started (a run of 200 epochs, a hung worker,
+    a node whose communicate() timed out) left it running: it loaded the cores under every
+    later test, whose time limits then failed too. Those are killed when the test ends.
+    multiprocessing's resource tracker is kept: one serves every spawn of this process."""
+    before = descendants(os.getpid())
+    yield
+    for pid in alive(descendants(os.getpid()) - before):
+        with contextlib.suppress(OSError):
+            if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)

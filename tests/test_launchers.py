@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUICK, REPO, output, read_rows, read_run, run_train
+from conftest import QUICK, REPO, alive, descendants, output, read_rows, read_run, run_train
 from ddpscale.config import ConfigError
 from ddpscale.distributed import (check_master_addr, cpu_threads, detect_launcher, free_port, host_store,
                                   launch_environment_problem, slurm_task_cpus)
@@ -393,30 +393,12 @@ def test_a_sweep_under_torchrun_is_refused_before_any_job(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def _descendants(pid: int) -> set[int]:
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        for c in map(int, children):
-            found.add(c)
-            todo.append(c)
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
+def _alive_after(pids: set[int], seconds: float) -> set[int]:
+    """Those of `pids` still alive `seconds` from now; it returns as soon as all have ended."""
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return alive(pids)
 
 
 def _start_long_run(tmp_path: Path, *extra: str) -> subprocess.Popen:
@@ -432,7 +414,7 @@ def _wait_for_epochs(proc: subprocess.Popen, run_dir: Path, n: int, timeout: flo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (run_dir / "results.csv").exists() and len(read_rows(run_dir)) >= n:
-            return _descendants(proc.pid)
+            return descendants(proc.pid)
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.2)
     raise AssertionError("the run did not reach its first epochs")
@@ -455,8 +437,7 @@ def test_sigkill_of_one_worker_ends_the_run_marked_failed_with_nothing_left(tmp_
     run = read_run(tmp_path)
     assert run["status"] == "failed" and "SIGKILL" in run["error"]
     assert len(read_rows(tmp_path)) >= 1
-    time.sleep(1)
-    assert not _alive(family), "no orphaned worker"
+    assert not _alive_after(family, 1), "no orphaned worker"
 
 
 def test_workers_end_with_their_job_process_when_it_is_killed_outright(tmp_path):
@@ -467,10 +448,7 @@ def test_workers_end_with_their_job_process_when_it_is_killed_outright(tmp_path)
     assert len(workers) == 2
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
-    deadline = time.monotonic() + 10
-    while _alive(set(workers)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(set(workers)), "orphaned workers"
+    assert not _alive_after(set(workers), 10), "orphaned workers"
 
 
 @pytest.mark.parametrize("ctrl_c", [False, True], ids=["SIGTERM", "Ctrl-C"])
@@ -487,10 +465,7 @@ def test_dataloader_workers_end_with_the_run_quietly(tmp_path, ctrl_c):
     else:
         os.kill(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)  # not communicate(): lingering children hold its output pipe open
-    deadline = time.monotonic() + 3
-    while _alive(family) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(family)
+    assert not _alive_after(family, 3)
     log = proc.stdout.read()
     assert proc.returncode == (130 if ctrl_c else 143), log
     assert "leaked semaphore" not in log and "Traceback" not in log, log
@@ -511,8 +486,7 @@ def test_sigterm_ctrl_c_and_hangup_stop_the_workers_and_mark_the_run_interrupted
     run = read_run(tmp_path)
     assert run["status"] == "interrupted" and signal.Signals(sig).name in run["error"]
     assert len(read_rows(tmp_path)) >= 2, "finished epochs are kept"
-    time.sleep(1)
-    assert not _alive(family)
+    assert not _alive_after(family, 1)
 
 
 def test_a_run_under_nohup_survives_the_hangup(tmp_path):
@@ -545,7 +519,7 @@ def test_a_second_signal_while_stopping_waits_until_the_run_is_recorded(tmp_path
     while not pid_file.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
         time.sleep(0.2)
-    family = _descendants(proc.pid)
+    family = descendants(proc.pid)
     os.kill(proc.pid, signal.SIGTERM)
     time.sleep(2)
     assert proc.poll() is None, "still waiting for the stubborn worker"
@@ -555,8 +529,7 @@ def test_a_second_signal_while_stopping_waits_until_the_run_is_recorded(tmp_path
     assert "already stopping" in log and "leaked semaphore" not in log
     run = read_run(tmp_path / "run")
     assert run["status"] == "interrupted" and "SIGTERM" in run["error"]
-    time.sleep(1)
-    assert not _alive(family), "the stubborn worker was killed"
+    assert not _alive_after(family, 1), "the stubborn worker was killed"
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
