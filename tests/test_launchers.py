@@ -128,30 +128,37 @@ def test_spawn_torchrun_and_submitit_give_the_same_results(tmp_path):
     assert scratch_after <= scratch_before, "non-zero ranks clean up their scratch dirs"
 
 
-def test_a_local_submitit_sweep_runs_one_job_at_a_time(tmp_path):
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One local submitit sweep of a 1-task and a 2-task job, which the next three tests read.
+    Its model fails if Python's cycle collector is off while it trains, and the script exits 3
+    if it is off after the sweep: train.py turns it off for start-up only."""
+    sweep_dir = tmp_path_factory.mktemp("local_sweep")
+    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1,2", "hydra/launcher=slurm_local",
+                     "model=crashing_cnn", "model.name=collecting_cnn", f"hydra.sweep.dir={sweep_dir}", "-m",
+                     script="tests/crashing_train.py")
+    return proc, sweep_dir
+
+
+def test_a_local_submitit_sweep_runs_one_job_at_a_time(local_sweep):
     """Jobs run together would share the cores and measure each other's load. And one task
     (num_gpus=1) is spawn mode inside the submitit job, whose __main__ is submitit's: the
-    workers' body must be importable from the package, not train.py. The model fails if Python's
-    cycle collector is off while it trains, and the script exits 3 if it is off after the sweep:
-    train.py turns it off for start-up only."""
-    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1,2", "hydra/launcher=slurm_local",
-                     "model=crashing_cnn", "model.name=collecting_cnn", f"hydra.sweep.dir={tmp_path}", "-m",
-                     script="tests/crashing_train.py")
+    workers' body must be importable from the package, not train.py."""
+    proc, sweep_dir = local_sweep
     assert proc.returncode == 0, output(proc)
-    first, second = read_run(tmp_path / "0"), read_run(tmp_path / "1")
+    first, second = read_run(sweep_dir / "0"), read_run(sweep_dir / "1")
     assert first["status"] == "completed" and first["launcher"] == "spawn" and first["world_size"] == 1
     assert second["status"] == "completed" and second["launcher"] == "slurm"
     assert second["start_time"] >= first["end_time"], "the second job started after the first ended"
 
 
-def test_a_local_submitit_sweep_leaves_only_its_jobs_folders_in_submitit(tmp_path):
+def test_a_local_submitit_sweep_leaves_only_its_jobs_folders_in_submitit(local_sweep):
     # submitit's local controller creates the folder it is given, `.submitit/%j`, before
     # substituting the job id: every sweep left an empty directory named `%j`
-    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1", "hydra/launcher=slurm_local",
-                     f"hydra.sweep.dir={tmp_path}", "-m")
+    proc, sweep_dir = local_sweep
     assert proc.returncode == 0, output(proc)
-    folders = sorted(p.name for p in (tmp_path / ".submitit").iterdir())
-    assert len(folders) == 1 and folders[0].isdigit(), folders  # the job's id
+    folders = sorted(p.name for p in (sweep_dir / ".submitit").iterdir())
+    assert len(folders) == 2 and all(f.isdigit() for f in folders), folders  # the jobs' ids
 
 
 def _messages(log: Path) -> list[str]:
@@ -159,19 +166,18 @@ def _messages(log: Path) -> list[str]:
     return [line.split(" - ", 1)[-1] for line in log.read_text().splitlines()]
 
 
-def test_each_line_of_a_local_submitit_job_is_logged_once(tmp_path):
+def test_each_line_of_a_local_submitit_job_is_logged_once(local_sweep):
     # submitit's own lines reached Hydra's handlers too: train.log had task 1's
     # "Job completed successfully" after task 0's, and each task's log in .submitit/ had
     # every one of them twice, in submitit's format and in Hydra's
-    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=2", "hydra/launcher=slurm_local",
-                     f"hydra.sweep.dir={tmp_path}", "-m")
+    proc, sweep_dir = local_sweep
     assert proc.returncode == 0, output(proc)
-    train_log = _messages(tmp_path / "0" / "train.log")
+    train_log = _messages(sweep_dir / "1" / "train.log")  # the job of two tasks
     assert any(m.startswith("epoch 1/1") for m in train_log), train_log
     assert len(set(train_log)) == len(train_log), train_log
     assert "Job completed successfully" not in train_log, "submitit's lines stay in .submitit/"
-    task_logs = sorted((tmp_path / ".submitit").glob("*/*_log.out"))
-    assert len(task_logs) == 2, task_logs
+    task_logs = sorted((sweep_dir / ".submitit").glob("*/*_log.out"))
+    assert sorted(len(list(d.glob("*_log.out"))) for d in {log.parent for log in task_logs}) == [1, 2], task_logs
     for log in task_logs:
         messages = _messages(log)
         assert messages.count("Job completed successfully") == 1, messages
