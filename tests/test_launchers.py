@@ -642,8 +642,8 @@ def test_a_task_killed_outright_fails_its_job_and_the_slurm_sweep_goes_on(tmp_pa
     # SIGKILL leaves submitit no result for the task; it used to raise out of the
     # launcher, ending the sweep with a traceback before job #1 ran.
     proc = subprocess.Popen(
-        [sys.executable, "train.py", *QUICK, "train.epochs=12", "distributed.num_gpus=2",
-         "optim.lr=0.05,0.02", "hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "-m"],
+        [sys.executable, "train.py", *QUICK, "distributed.num_gpus=2", "train.epochs=12,1",  # job #1: one epoch
+         "hydra/launcher=slurm_local", f"hydra.sweep.dir={tmp_path}", "-m"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while not ((tmp_path / "0" / "results.csv").exists() and _task_pid("1")):
