@@ -18,11 +18,22 @@ from ddpscale.distributed import check_nodes_agree, free_port
 pytestmark = pytest.mark.slow
 
 
-def test_multirun_gives_one_complete_run_per_job(tmp_path):
-    proc = run_train(*QUICK, "train.epochs=1", "distributed.num_gpus=1,2",
-                     f"hydra.sweep.dir={tmp_path}", "-m")
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """A sweep of a 1-worker and a 2-worker job, which the next two tests read. Its model fails
+    if Python's cycle collector is off while it trains, and the script exits 3 if it is still
+    off in the sweep process after the jobs: train.py turns it off for the imports; left off,
+    a long run or sweep keeps every cycle."""
+    sweep_dir = tmp_path_factory.mktemp("sweep")
+    proc = run_train(*QUICK, "train.epochs=1", "model.name=collecting_cnn", "distributed.num_gpus=1,2",
+                     f"hydra.sweep.dir={sweep_dir}", "-m", script="tests/crashing_train.py")
+    return proc, sweep_dir
+
+
+def test_multirun_gives_one_complete_run_per_job(sweep):
+    proc, sweep_dir = sweep
     assert proc.returncode == 0, output(proc)
-    runs = sorted(p.parent for p in tmp_path.rglob("results.csv"))
+    runs = sorted(p.parent for p in sweep_dir.rglob("results.csv"))
     assert [p.name for p in runs] == ["0", "1"]
     assert [read_rows(p)[0]["world_size"] for p in runs] == ["1", "2"]
     assert all(read_run(p)["status"] == "completed" for p in runs)
@@ -30,12 +41,11 @@ def test_multirun_gives_one_complete_run_per_job(tmp_path):
     assert "2 run(s), 2 completed" in output(proc)
 
 
-def test_the_cycle_collector_runs_in_every_worker_and_in_the_sweep_process(tmp_path):
-    """train.py turns it off for the imports; left off, a long run or sweep keeps every cycle."""
-    proc = run_train(*QUICK, "train.epochs=1", "model.name=collecting_cnn", "distributed.num_gpus=1,2",
-                     f"hydra.sweep.dir={tmp_path}", "-m", script="tests/crashing_train.py")
+def test_the_cycle_collector_runs_in_every_worker_and_in_the_sweep_process(sweep):
+    proc, sweep_dir = sweep
     assert proc.returncode == 0, output(proc)  # 3: still off in the sweep process after it
-    assert [read_run(tmp_path / job)["status"] for job in ("0", "1")] == ["completed", "completed"]
+    assert [read_run(sweep_dir / job)["status"] for job in ("0", "1")] == ["completed", "completed"]
+    assert {read_rows(sweep_dir / job)[0]["model"] for job in ("0", "1")} == {"collecting_cnn"}
 
 
 def test_two_nodes_over_loopback_form_one_world_of_four(tmp_path):
