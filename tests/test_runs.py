@@ -178,7 +178,7 @@ def test_missing_node_fails_after_timeout_naming_the_rendezvous(tmp_path):
     start = time.monotonic()
     proc = run_train(*QUICK, "distributed.num_gpus=1", "distributed.num_nodes=2",
                      "distributed.master_addr=127.0.0.1", f"distributed.master_port={port}",
-                     "distributed.timeout_s=5", f"hydra.run.dir={tmp_path}")
+                     "distributed.timeout_s=3", f"hydra.run.dir={tmp_path}")
     assert proc.returncode != 0
     assert time.monotonic() - start < 60
     assert f"node 0: waiting for the other node(s) at 127.0.0.1:{port}" in output(proc)
@@ -191,7 +191,7 @@ def test_a_sweep_on_a_node_other_than_0_reports_its_failed_jobs(tmp_path):
     """Node 1 writes no run.json (rank 0's node does): its jobs count by what they returned."""
     proc = run_train(*QUICK, "distributed.num_gpus=1", "distributed.num_nodes=2", "distributed.node_id=1",
                      "distributed.master_addr=127.0.0.1", f"distributed.master_port={free_port()}",
-                     "distributed.timeout_s=5", f"hydra.sweep.dir={tmp_path}", "-m")
+                     "distributed.timeout_s=3", f"hydra.sweep.dir={tmp_path}", "-m")
     assert proc.returncode == 1, output(proc)
     assert "1 of 1 run(s) did not complete" in output(proc)
     assert not list(tmp_path.rglob("run.json"))
