@@ -27,6 +27,7 @@ def key_findings(analysis: Analysis) -> list[str]:
         _counts(analysis.runs),
         *_overlapping(analysis.runs),
         *_crowded(analysis.runs),
+        *_repeated(analysis.runs),
         _best_throughput(analysis.configs),
         *_scaling(analysis.scaling, analysis.configs),
         *_more_than_linear(analysis.scaling),
@@ -119,6 +120,27 @@ def _crowded(runs: pd.DataFrame) -> list[str]:
         f"{int(first.num_gpus)} workers on {int(first.usable_cores)} cores): past the core "
         "count more workers cannot raise throughput, so speedup and efficiency there measure "
         "the crowded machine, not the scaling of training."
+    ]
+
+
+def repeated_seeds(runs: pd.DataFrame) -> pd.DataFrame:
+    """Analysed runs that repeat the seed of an earlier analysed run of their configuration (a
+    sweep analysed with its rerun, or a baseline rerun alone as a finding advises)."""
+    included = runs[runs.included]
+    return included[included.duplicated([*config_keys(included.columns), "seed"], keep="first")]
+
+
+def _repeated(runs: pd.DataFrame) -> list[str]:
+    repeats = repeated_seeds(runs)
+    if repeats.empty:
+        return []
+    first = repeats.iloc[0]
+    return [
+        f"**{_plural(len(repeats), 'run')} repeated a seed of {'its' if len(repeats) == 1 else 'their'} "
+        f"configuration** (first: {first.path}, seed {format_value(first.seed)}): the same seed trains "
+        "the same model again, so the configuration's final val_acc mean counts that seed twice, its "
+        "std understates the spread between seeds and n_runs is not a number of seeds; give each "
+        "repeat a train.seed of its own. (As a repeat of throughput it is fair.)"
     ]
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from analysis_files import COLUMNS, new_sweep, run_rows, write_results, write_run_json
 
-from multirun_analysis.findings import crowded_runs, key_findings, overlapping_runs
+from multirun_analysis.findings import crowded_runs, key_findings, overlapping_runs, repeated_seeds
 from multirun_analysis.plots import _labels
 from multirun_analysis.render import format_cell, markdown_table
 from multirun_analysis.report import write_report
@@ -175,6 +175,22 @@ def test_more_cpu_workers_than_cores_are_called_out(tmp_path, cores):
         doc = json.loads((run_dir / "run.json").read_text())
         (run_dir / "run.json").write_text(json.dumps({**doc, "launcher": "torchrun"}))
     assert crowded_runs(analyse([sweep_dir]).runs).empty
+
+
+def test_a_seed_run_twice_in_one_configuration_is_called_out(tmp_path):
+    # A sweep analysed with its rerun (seed 0 again): the accuracy table said n_runs 3 and a
+    # "mean over seeds" that counted seed 0 twice, with nothing to say so.
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for seed in (0, 1):
+        write_run(f"s{seed}", seed=seed, val_acc=[0.6, 0.7, 0.8 + 0.02 * seed])
+        write_run(f"s{seed}-ws2", seed=seed, world_size=2, val_acc=[0.6, 0.7, 0.8])
+    assert repeated_seeds(analyse([sweep_dir]).runs).empty
+    assert not any("repeated a seed" in f for f in key_findings(analyse([sweep_dir])))
+    write_run("s0-rerun", seed=0, val_acc=[0.6, 0.7, 0.8])
+    analysis = analyse([sweep_dir])
+    assert [Path(p).name for p in repeated_seeds(analysis.runs).path] == ["s0-rerun"]
+    assert any(f.startswith("**1 run repeated a seed of its configuration** (first: ") and
+               "s0-rerun, seed 0)" in f for f in key_findings(analysis))
 
 
 def test_report_html_is_self_contained(messy_out):
