@@ -306,8 +306,9 @@ def _target(table: pd.DataFrame, target: float, configs: pd.DataFrame) -> str:
     reached = table.dropna(subset=["time_to_target_s"])
     partly = int(table.n_reached.between(1, table.n_runs - 1).sum())
     every = " in every seed" if (table.n_runs > 1).any() else ""
+    others = ("other " if partly == 1 else "others ") if len(reached) else ""
     some = (
-        f"{partly:,} {'other ' if len(reached) else ''}reached it in only some of "
+        f"{partly:,} {others}reached it in only some of "
         f"{'its' if partly == 1 else 'their'} seeds"
     )
     if reached.empty:

@@ -181,6 +181,17 @@ def test_a_configuration_reaches_the_target_only_when_every_seed_does(tmp_path):
     ) in findings
 
 
+def test_two_configurations_that_reached_the_target_in_some_seeds_are_others(tmp_path):
+    # it read "(2 other reached it in only some of their seeds)"
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for lr, second in ((0.1, 0.91), (0.01, 0.5), (0.001, 0.5)):
+        write_run(f"{lr}-0", lr=lr, seed=0, val_acc=[0.91, 0.92, 0.93])
+        write_run(f"{lr}-1", lr=lr, seed=1, val_acc=[0.5, 0.6, second])
+    findings = " ".join(key_findings(analyse([sweep_dir], target_acc=0.9)))
+    assert "1 of 3 configurations reached val_acc 0.9 in every seed (2 others reached it in only " \
+           "some of their seeds); fastest" in findings
+
+
 def test_a_time_to_target_of_a_thousand_seconds_or_more_has_separators(tmp_path):
     # as every other measurement from 1,000 up: it printed "1200.0 s"
     sweep_dir, write_run = new_sweep(tmp_path)
