@@ -458,3 +458,22 @@ def test_a_data_root_one_level_off_names_the_right_one_instead_of_downloading(tm
     with pytest.raises(ConfigError, match=re.escape(fix.format(tmp=tmp_path))):
         prepare(cfg, world_size=1)
     assert [p.name for p in (tmp_path / given).iterdir() if p.is_dir()] in ([], ["raw"])  # nothing downloaded
+
+
+def test_missing_data_names_the_checkouts_data_folder_when_it_holds_them(tmp_path, monkeypatch):
+    # train.py run from another directory with the default data.root=data: the message named
+    # <cwd>/data and a generic 'data.root=DIR', not the checkout's folder that has the files
+    import ddpscale.data as data
+
+    checkout = tmp_path / "checkout" / "data"
+    (checkout / "FashionMNIST" / "raw").mkdir(parents=True)
+    for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        (checkout / "FashionMNIST" / "raw" / f"{stem}.gz").write_bytes(b"")
+    monkeypatch.setattr(data, "CHECKOUT_DATA", checkout)
+    elsewhere = DataConfig(name="fashion_mnist", root=str(tmp_path / "elsewhere" / "data"), download=False)
+    with pytest.raises(ConfigError, match=re.escape(f"Fix: data.root={checkout}, the checkout's data folder")):
+        data.prepare(elsewhere, world_size=1)
+    with pytest.raises(ConfigError) as other:  # MNIST's files are not in the checkout
+        data.prepare(dataclasses.replace(elsewhere, name="mnist"), world_size=1)
+    assert "checkout" not in str(other.value)

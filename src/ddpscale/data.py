@@ -43,6 +43,9 @@ _SPLIT_FILES = {True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
                 False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
 _SYNTHETIC_DEFAULT_SIZE = {True: 8192, False: 2048}  # examples when train/val_size is null
 _SYNTHETIC_BLOCK = 256  # synthetic examples drawn from one seed
+# The checkout's data folder (this file is src/ddpscale/data.py in it): the default data.root,
+# data, counts from the directory train.py is run in, so run from elsewhere it misses this one.
+CHECKOUT_DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 @dataclass
@@ -291,13 +294,24 @@ def _missing_files(folder: Path) -> list[str]:
 
 
 def _missing_message(cfg: DataConfig, folder: Path, why: str) -> str:
-    fixes = [] if cfg.download else ["data.download=true to fetch it"]
+    fixes = [f"data.root={root}, the checkout's data folder, which holds them (a relative "
+             "data.root counts from the directory train.py is run in)"
+             for root in _checkout_root(folder)]
+    fixes += [] if cfg.download else ["data.download=true to fetch it"]
     fixes += [f"data.root=DIR with DIR/{folder.parent.name}/raw/ holding the files",
               "data=synthetic to train on generated data"]
     return (
         f"data={cfg.name}: no data in {folder.resolve()} (looked for "
         f"{', '.join(_missing_files(folder))}, plain or .gz) and {why}. Fix: {', or '.join(fixes)}"
     )
+
+
+def _checkout_root(folder: Path) -> list[Path]:
+    """[the checkout's data folder] when it holds the files `folder` lacks, else []."""
+    raw = CHECKOUT_DATA / folder.parent.name / folder.name
+    if raw.resolve() == folder.resolve() or not raw.is_dir() or _missing_files(raw):
+        return []
+    return [CHECKOUT_DATA]
 
 
 def _download(cfg: DataConfig, folder: Path) -> None:
