@@ -73,6 +73,7 @@ META_COLUMNS = (
     "hostname",
     "usable_cores",
     "git_commit",
+    "git_dirty",
     "overrides",
 )
 
@@ -162,6 +163,8 @@ def _read_run_json(directory: str) -> tuple[dict, dict, list[str]]:
         "hostname": _text(doc.get("hostname")),
         "usable_cores": _usable_cores(doc),
         "git_commit": _text(doc.get("git_commit")),
+        # edited code, not the commit's (older run.json files do not say: None)
+        "git_dirty": doc.get("git_dirty") if isinstance(doc.get("git_dirty"), bool) else None,
         "overrides": " ".join(map(str, overrides)) if isinstance(overrides, list) else None,
         "hardware": _hardware(doc.get("devices")),
         **_config_settings(doc),

@@ -54,7 +54,7 @@ def _reorder(runs: pd.DataFrame) -> pd.DataFrame:
         "epochs_done",
     ]
     back = ["error", "has_results", "start_time", "end_time", "launcher", "hostname", "usable_cores",
-            "git_commit", "overrides"]
+            "git_commit", "git_dirty", "overrides"]
     return runs[[*front, *(c for c in runs.columns if c not in front and c not in back), *back]]
 
 

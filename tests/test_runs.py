@@ -392,6 +392,29 @@ def test_a_full_disk_is_named_and_leaves_no_temporary_file(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_run_json_says_whether_the_checkout_had_uncommitted_edits(tmp_path):
+    # run.json named the commit only: a run of edited code recorded the same git_commit as one
+    # of the commit itself, with nothing to tell them apart
+    from ddpscale.results import RunRecord, git_commit, git_dirty
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    assert git_dirty(tmp_path) is None  # not a checkout
+    git("init", "-q")
+    (tmp_path / "model.py").write_text("width = 1\n")
+    git("add", "model.py")
+    git("commit", "-q", "-m", "one")
+    (tmp_path / "outputs").mkdir()  # untracked files are not edits
+    assert git_commit(tmp_path) and git_dirty(tmp_path) is False
+    (tmp_path / "model.py").write_text("width = 2\n")
+    assert git_dirty(tmp_path) is True
+    record = RunRecord(tmp_path / "outputs")
+    record.start()
+    assert record.read()["git_dirty"] is git_dirty(REPO / "src" / "ddpscale")
+
+
 def _snapshot(directory) -> dict[str, bytes]:
     return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Iterator
 log = logging.getLogger("ddpscale")
 
 RESULTS_FILE, RUN_FILE = "results.csv", "run.json"
+_HERE = Path(__file__).resolve().parent  # inside the checkout, when ddpscale runs from one
 
 # DESIGN.md's contract: these columns exist in this order; more may follow, none renamed.
 REQUIRED_COLUMNS = [
@@ -111,7 +112,7 @@ class RunRecord:
         self._write({
             "status": "running", "error": None, "start_time": now_iso(), "end_time": None,
             "hostname": socket.gethostname(), "pid": os.getpid(), "git_commit": git_commit(),
-            "versions": versions(), **fields,
+            "git_dirty": git_dirty(), "versions": versions(), **fields,
         })
 
     def update(self, **fields: Any) -> None:
@@ -155,16 +156,27 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def git_commit() -> str | None:
+def git_commit(directory: Path = _HERE) -> str | None:
     """The commit of the ddpscale checkout, when it is one."""
+    out = _git(directory, "rev-parse", "HEAD")
+    return out.strip() or None if out is not None else None
+
+
+def git_dirty(directory: Path = _HERE) -> bool | None:
+    """Whether the checkout's tracked files differ from its commit (code edited and not
+    committed): git_commit alone would then name code that is not what ran. Untracked files
+    (data/, outputs/) do not count. None outside a git checkout."""
+    out = _git(directory, "status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out.strip())
+
+
+def _git(directory: Path, *args: str) -> str | None:
+    """git's output in `directory`, or None when git is missing or fails there."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-            capture_output=True, text=True, timeout=5,
-        )
+        out = subprocess.run(["git", *args], cwd=directory, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None
 
 
 def settings_row(cfg: Any, ctx: Any) -> dict[str, Any]:

@@ -265,3 +265,16 @@ def test_a_long_error_is_cut_in_the_problem_and_says_so(tmp_path):
     runs = analyse([sweep_dir]).runs
     assert runs.problem.iloc[0] == "failed: " + error[:300] + " …"
     assert runs.error.iloc[0] == error  # runs.csv keeps the whole text
+
+
+def test_runs_csv_says_which_runs_ran_edited_code(tmp_path):
+    # run.json's git_dirty beside git_commit; a run.json from before it says nothing (empty)
+    sweep_dir = tmp_path / "sweep"
+    for name, extra in (("edited", {"git_dirty": True}), ("clean", {"git_dirty": False}), ("older", {})):
+        rows = run_rows()
+        write_results(sweep_dir / name, rows)
+        write_run_json(sweep_dir / name, rows=rows, git_commit="6afdaa4", **extra)
+    runs = analyse([sweep_dir]).runs
+    runs = runs.set_index(runs.path.map(lambda p: p.rsplit("/", 1)[1]))
+    assert runs.git_dirty.to_dict() == {"clean": False, "edited": True, "older": None}
+    assert list(runs.columns[-3:]) == ["git_commit", "git_dirty", "overrides"]
