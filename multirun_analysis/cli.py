@@ -115,6 +115,7 @@ def main(argv=None) -> int:
     print(
         f"{len(runs)} run{'' if len(runs) == 1 else 's'} found, {int(runs.included.sum())} analysed, "
         f"{int((~runs.included).sum())} listed under Problems"
+        + (f", as are {len(analysis.missing)} job(s) of a sweep that left no run" if len(analysis.missing) else "")
     )
     print(f"report: {report}")
     return 0

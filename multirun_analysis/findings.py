@@ -20,11 +20,13 @@ def key_findings(analysis: Analysis) -> list[str]:
     if not analysis.runs.included.any():
         return [
             _counts(analysis.runs),
+            *_missing(analysis.missing),
             "**No run could be analysed**, so there are no scaling or accuracy results; "
             "[Problems](#problems) gives each run's reason.",
         ]
     return [
         _counts(analysis.runs),
+        *_missing(analysis.missing),
         *_overlapping(analysis.runs),
         *_crowded(analysis.runs),
         *_repeated(analysis.runs),
@@ -61,6 +63,20 @@ def _counts(runs: pd.DataFrame) -> str:
             "results.csv holds every epoch."
         )
     return text
+
+
+def _missing(missing: pd.DataFrame) -> list[str]:
+    """Jobs a sweep planned that left no run: the tables lack their points."""
+    if missing.empty:
+        return []
+    first, many = missing.iloc[0], len(missing) > 1
+    return [
+        f"**{_plural(len(missing), 'job')} of a sweep never ran** ({'first: ' if many else ''}job "
+        f"{first.job} of {first.sweep}: {first.overrides}): no run directory holds "
+        f"{'them' if many else 'it'}, as when the sweep stopped before {'them' if many else 'it'} "
+        "(Ctrl-C, a hangup, a crash) or has not reached it yet, so the tables lack "
+        f"{'their points' if many else 'its point'}; see [Problems](#problems)."
+    ]
 
 
 def overlapping_runs(runs: pd.DataFrame) -> pd.Series:

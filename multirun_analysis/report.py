@@ -92,7 +92,7 @@ def write_report(analysis: Analysis, out: Path) -> Path:
         *_opening(analysis),
         *_scaling_section(analysis, views["scaling"], images),
         *_accuracy_section(analysis, views["accuracy"], images),
-        *_runs_section(views["runs"]),
+        *_runs_section(views["runs"], _never_ran(analysis)),
     ]
     (out / "report.md").write_text(to_markdown(blocks), encoding="utf-8")
     (out / "report.html").write_text(to_html(blocks, title=_title(analysis)), encoding="utf-8")
@@ -163,15 +163,27 @@ def _accuracy_section(analysis: Analysis, view: pd.DataFrame, images: dict) -> l
     return blocks
 
 
-def _runs_section(view: pd.DataFrame) -> list:
-    """Every run, the rule for which ones count, and each left-out run with its reason."""
+def _runs_section(view: pd.DataFrame, never_ran: pd.DataFrame) -> list:
+    """Every run, the rule for which ones count, and each left-out run (and each job that
+    left no run) with its reason."""
     blocks = [Heading("Runs"), Paragraph(INCLUSION_RULE)]
     blocks += _capped(view.drop(columns="problem"), "runs", "runs.csv")
-    problems = view.loc[view.problem.ne(""), ["run", "status", "problem"]]
+    problems = pd.concat([view.loc[view.problem.ne(""), ["run", "status", "problem"]], never_ran],
+                         ignore_index=True)
     blocks.append(Heading("Problems"))
     if problems.empty:
         return [*blocks, Paragraph("None: every run was analysed.")]
     return [*blocks, *_capped(problems, "runs with problems", "runs.csv")]
+
+
+def _never_ran(analysis: Analysis) -> pd.DataFrame:
+    """The Problems rows of the jobs a sweep planned that left no run (sweep_jobs.json)."""
+    missing = analysis.missing
+    return pd.DataFrame({
+        "run": _run_names(missing.sweep, analysis.sweep_dirs) + " job " + missing.job.astype(str),
+        "status": "never ran",
+        "problem": "no run directory holds this job of the sweep: " + missing.overrides,
+    }, columns=["run", "status", "problem"])
 
 
 def _capped(view: pd.DataFrame, what: str, csv_name: str) -> list:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .collect import collect
+from .jobs import missing_jobs
 from .runs import summarise_runs
 from .tables import accuracy_table, configurations, scaling_table
 
@@ -22,6 +23,7 @@ class Analysis:
     configs: pd.DataFrame  # included runs aggregated over seeds
     scaling: pd.DataFrame  # weak and strong scaling groups
     accuracy: pd.DataFrame  # accuracy by configuration
+    missing: pd.DataFrame  # jobs a sweep planned that left no run (sweep, job, overrides)
 
 
 def analyse(sweep_dirs, target_acc: float = 0.9) -> Analysis:
@@ -37,4 +39,5 @@ def analyse(sweep_dirs, target_acc: float = 0.9) -> Analysis:
         configs=configs,
         scaling=scaling_table(configs),
         accuracy=accuracy_table(configs, target_acc),
+        missing=missing_jobs(sweep_dirs, runs),
     )

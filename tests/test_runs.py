@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +41,22 @@ def test_multirun_gives_one_complete_run_per_job(sweep):
     assert all(read_run(p)["status"] == "completed" for p in runs)
     assert all(read_run(p)["usable_cores"] == len(os.sched_getaffinity(0)) for p in runs)  # for the analysis
     assert "2 run(s), 2 completed" in output(proc)
+    # The sweep lists its jobs first, so that an analysis names one a stopped sweep never ran
+    # (it left no directory and, before, no trace: the report showed the jobs that ran as the sweep)
+    from multirun_analysis.report import write_report
+    from multirun_analysis.sweep import analyse
+
+    jobs = json.loads((tmp_path / "sweep_jobs.json").read_text())["jobs"]
+    assert jobs == [read_run(p)["overrides"] for p in runs]
+    assert analyse([tmp_path]).missing.empty
+    shutil.rmtree(runs[1])
+    analysis = analyse([tmp_path])
+    assert analysis.missing.to_dict("records") == [
+        {"sweep": str(tmp_path), "job": 1, "overrides": " ".join(jobs[1])}]
+    write_report(analysis, tmp_path / "analysis")
+    report = (tmp_path / "analysis" / "report.md").read_text()
+    assert f"**1 job of a sweep never ran** (job 1 of {tmp_path}: {' '.join(jobs[1])})" in report
+    assert f"| {tmp_path.name} job 1 | never ran | no run directory holds this job" in report
 
 
 def test_the_cycle_collector_runs_in_every_worker_and_in_the_sweep_process(sweep):

@@ -254,6 +254,28 @@ def refuse_a_used_dir(config: DictConfig, mode: str) -> None:
         sys.exit(2)
 
 
+SWEEP_JOBS = "sweep_jobs.json"  # multirun_analysis reads it by this name
+
+
+def write_sweep_jobs(config: DictConfig) -> None:
+    """<sweep dir>/sweep_jobs.json: every job's overrides, as the basic sweeper splits the grid.
+    A sweep stopped early (Ctrl-C, a hangup, a crash) leaves no trace of the jobs it never
+    started; with this list the analysis names them (each run.json holds its job's overrides)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not str(OmegaConf.select(config, "hydra.sweeper._target_", default="")).endswith("BasicSweeper"):
+        return
+    try:
+        lines = [*_grid(config), *config.hydra.overrides.task]  # in BasicSweeper.sweep's order
+        batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(lines), None)
+        jobs = [list(job) for batch in batches for job in batch]
+        (Path(str(config.hydra.sweep.dir)) / SWEEP_JOBS).write_text(json.dumps({"jobs": jobs}, indent=1))
+    except Exception as err:  # noqa: BLE001 - a glob() over options, a full disk: the sweep runs anyway
+        log.info("notice: %s not written (%s); an analysis cannot name jobs this sweep never runs",
+                 SWEEP_JOBS, err)
+
+
 # The jobs that hydra/launcher=slurm or slurm_local ran, as task 0 returned them: their
 # on_job_end ran in that task's process, so the sweep's SweepSummary never saw them.
 _SUBMITTED: list[JobReturn] = []
@@ -290,6 +312,9 @@ class SweepSummary(Callback):
 
     def __init__(self) -> None:
         self.unrecorded: list[dict[str, Any]] = []
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        write_sweep_jobs(config)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         row = _unrecorded(job_return)

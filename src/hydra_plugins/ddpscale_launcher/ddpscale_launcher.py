@@ -30,7 +30,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmitit
 from omegaconf import OmegaConf
 
 from ddpscale.launch import catch_stop_signals, restore_signals, resume_collector
-from ddpscale.sweep import count_submitted_job
+from ddpscale.sweep import SWEEP_JOBS, count_submitted_job
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +105,14 @@ class _ShapedLauncher(BaseSubmititLauncher):
         sys.exit(2)
 
     def _take_back_multirun_yaml(self) -> None:
-        """Hydra wrote multirun.yaml into the sweep directory before launching; a sweep
-        refused before any job leaves nothing behind (a directory claimed for it goes too)."""
+        """Hydra wrote multirun.yaml (and SweepSummary the job list) into the sweep directory
+        before launching; a sweep refused before any job leaves nothing behind (a directory
+        claimed for it goes too)."""
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        if sweep_dir.is_dir() and [p.name for p in sweep_dir.iterdir()] == ["multirun.yaml"]:
-            (sweep_dir / "multirun.yaml").unlink()
+        written = {"multirun.yaml", SWEEP_JOBS}
+        if sweep_dir.is_dir() and {p.name for p in sweep_dir.iterdir()} <= written:
+            for name in written:
+                (sweep_dir / name).unlink(missing_ok=True)
             raw = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["dir"]
             if "${ddpscale_dir:" in str(raw):
                 sweep_dir.rmdir()
