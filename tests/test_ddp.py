@@ -55,6 +55,7 @@ def _rank_shards(data_cfg: DataConfig, rank: int, world: int) -> dict:
         labels = torch.cat(batches)
         mine[epoch] = idx.tolist()
         mine[f"batch_sizes_{epoch}"] = [len(y) for y in batches]
+        mine[f"sizes_foretold_{epoch}"] = bundle.train.sizes() == mine[f"batch_sizes_{epoch}"]
         # The batches really follow the sampler's indices (all of them, or the full batches').
         every = bundle.train.y if hasattr(bundle.train, "y") else bundle.train.loader.dataset.split.labels
         mine[f"labels_follow_indices_{epoch}"] = bool(torch.equal(labels, every[idx[:len(labels)]]))
@@ -103,6 +104,7 @@ def test_memory_and_dataloader_paths_give_the_same_shards(sharded, drop_last):
         assert [r[epoch] for r in memory] == [r[epoch] for r in loader]
         assert [r[f"batch_sizes_{epoch}"] for r in memory] == [r[f"batch_sizes_{epoch}"] for r in loader]
         assert all(r[f"labels_follow_indices_{epoch}"] for r in memory + loader)
+        assert all(r[f"sizes_foretold_{epoch}"] for r in memory + loader)  # what accumulation weighs by
 
 
 def test_drop_last_drops_the_tail_instead_of_padding_and_each_partial_batch(sharded):

@@ -100,19 +100,22 @@ def full_batch_run(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("train_size,static_graph", [(512, False), (480, False), (512, True)])
+@pytest.mark.parametrize("train_size,static_graph", [(512, False), (480, False), (482, False), (512, True)])
 def test_accumulating_two_half_batches_matches_one_full_batch(tmp_path, full_batch_run, train_size, static_graph):
     """no_sync accumulation: same data, same order, same gradients (dropout off). At 480
     images each rank has 15 half batches: the last optimizer step has one micro-batch of
     16, as the full-batch run's last batch has 16 images, and must weigh it as a whole step.
-    With a static graph DDP must all-reduce its first backward, a no_sync step."""
+    At 482 the last step's micro-batches hold 16 and 1 images, the full-batch run's last
+    batch those 17: each image weighs 1/17 in both (halving each micro-batch's mean gave
+    the one image half the step). With a static graph DDP must all-reduce its first backward, a no_sync step."""
     a = full_batch_run(train_size)
     b = _accumulation_run(tmp_path, train_size, "data.batch_size=16", "train.grad_accum_steps=2",
                           f"distributed.static_graph={str(static_graph).lower()}",
                           # the probe's no_sync steps come after the graph is recorded
                           f"train.sync_probe_steps={2 if static_graph else 0}")
-    assert float(a["val_loss"]) == pytest.approx(float(b["val_loss"]), rel=1e-3)
-    assert float(a["train_loss"]) == pytest.approx(float(b["train_loss"]), rel=1e-3)
+    # float order apart, the same weights: the 16 + 1 split moved val_loss by 9e-4
+    assert float(a["val_loss"]) == pytest.approx(float(b["val_loss"]), rel=1e-4)
+    assert float(a["train_loss"]) == pytest.approx(float(b["train_loss"]), rel=1e-4)
 
 
 def _count_allreduces(rank: int, world: int, port: int, out: str) -> None:

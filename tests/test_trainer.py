@@ -40,6 +40,9 @@ class _Watched:
     def __len__(self) -> int:
         return len(self.batches)
 
+    def sizes(self) -> list[int]:
+        return self.batches.sizes()
+
     def __iter__(self):
         start = time.perf_counter()
         yield from self.batches

@@ -449,6 +449,13 @@ def normalised(split: Split, cfg: DataConfig) -> torch.Tensor:
 # --------------------------------------------------------------------------- batches
 
 
+def batch_sizes(examples: int, batch_size: int, drop_last: bool) -> list[int]:
+    """The sizes of the batches a shard of `examples` is cut into: full ones, then the
+    partial rest unless it is dropped."""
+    full, rest = divmod(examples, batch_size)
+    return [batch_size] * full + ([rest] if rest and not drop_last else [])
+
+
 class MemoryBatches:
     """Batches drawn by index from tensors on the device, with DistributedSampler semantics."""
 
@@ -465,6 +472,10 @@ class MemoryBatches:
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.sampler.drop_last else -(-n // self.batch_size)
+
+    def sizes(self) -> list[int]:
+        """Examples in each of an epoch's batches, in order."""
+        return batch_sizes(len(self.sampler), self.batch_size, self.sampler.drop_last)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         idx = self.indices().to(self.x.device, non_blocking=True)
@@ -514,6 +525,10 @@ class LoaderBatches:
 
     def indices(self) -> torch.Tensor:
         return torch.tensor(list(self.sampler), dtype=torch.long)
+
+    def sizes(self) -> list[int]:
+        """Examples in each of an epoch's batches, in order."""
+        return batch_sizes(len(self.sampler), self.loader.batch_size, self.loader.drop_last)
 
     def __len__(self) -> int:
         return len(self.loader)

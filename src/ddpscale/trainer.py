@@ -160,7 +160,8 @@ class Trainer:
         step_times: list[float] = []
         events = _StepEvents(device)
         first_batch = None
-        n_batches = len(self.data.train)
+        sizes = self.data.train.sizes()  # examples per batch: the epoch's last may be short
+        n_batches = len(sizes)
 
         self._synchronize()
         dist.barrier()  # the clock starts when every rank is ready
@@ -173,9 +174,11 @@ class Trainer:
             if first_batch is None:
                 first_batch = (x, y)
             group_start = step - step % self.grad_accum_steps
-            group = min(self.grad_accum_steps, n_batches - group_start)  # the epoch's last may be short
-            boundary = step + 1 == group_start + group
-            logits, loss = self._forward_backward(x, y, sync=boundary, micro_batches=group)
+            group = sizes[group_start:group_start + self.grad_accum_steps]  # the epoch's last may be short
+            boundary = step + 1 == group_start + len(group)
+            # each example weighs alike in the step's mean, as in one batch of them all, also
+            # when the epoch's last micro-batch is short
+            logits, loss = self._forward_backward(x, y, sync=boundary, share=len(y) / sum(group))
             if boundary:
                 self._optimizer_step()
             with torch.no_grad():
@@ -222,10 +225,10 @@ class Trainer:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y.to(self.ctx.device, non_blocking=True)
 
-    def _forward_backward(self, x, y, sync: bool, micro_batches: int = 1):
+    def _forward_backward(self, x, y, sync: bool, share: float = 1.0):
         # no_sync on accumulation steps: gradients pile up locally and the all-reduce runs
-        # once, on the boundary step, over the accumulated sum; each of the step's
-        # `micro_batches` adds its share of the mean.
+        # once, on the boundary step, over the accumulated sum; each micro-batch adds its
+        # `share` of the step's examples times its mean loss, so they add up to the step's mean.
         if not self._graph_recorded and getattr(self.model, "static_graph", False):
             # DDP records a static graph on the first backward, which must all-reduce
             # (under no_sync it fails an internal assert). Averaging a part of the sum
@@ -239,7 +242,7 @@ class Trainer:
                 if self.num_classes is not None:
                     check_logits(logits, len(y), self.num_classes)
                 loss = self.loss_fn(logits, y)
-            scaled = loss / micro_batches
+            scaled = loss * share
             if self.precision.scaler is not None:
                 scaled = self.precision.scaler.scale(scaled)
             scaled.backward()
