@@ -22,11 +22,13 @@ from ddpscale.trainer import Trainer, WrongLogits, build_precision
 
 CPU = torch.device("cpu")
 LAST_RANK_LINGERS_S = 0.5
+FETCH_S = 0.1  # what each batch takes to arrive, as from a slow DataLoader
 
 
 class _Watched:
     """A rank's training batches, recording the epochs it is set to and how long the
-    trainer took to draw them; optionally lingering after its last batch."""
+    trainer took to draw them; each batch arrives FETCH_S late, and the last rank
+    optionally lingers after its last batch."""
 
     def __init__(self, batches, linger_s: float):
         self.batches, self.linger_s = batches, linger_s
@@ -45,7 +47,9 @@ class _Watched:
 
     def __iter__(self):
         start = time.perf_counter()
-        yield from self.batches
+        for batch in self.batches:
+            time.sleep(FETCH_S)
+            yield batch
         self.draw_s.append(time.perf_counter() - start)
         time.sleep(self.linger_s)  # after the last step's all-reduce: nobody waits for it
 
@@ -81,6 +85,7 @@ def _train(rank: int, world: int, ctx: WorkerContext, probe_steps: int) -> dict:
     checksum = trainer.replica_checksum()
     return {"epochs": watched.epochs, "draw_s": watched.draw_s,
             "epoch_time_s": [s.epoch_time_s for s in history],
+            "step_time_p50_s": [s.step_time_p50_s for s in history],
             "losses": [(s.train_loss, s.val_loss) for s in history],
             "sync_shares": [s.grad_sync_share for s in history],
             "lr": optimizer.param_groups[0]["lr"], "scheduler_steps": scheduler.last_epoch,
@@ -104,6 +109,13 @@ def test_an_epoch_lasts_as_long_as_the_slowest_rank(runs):
     # rank 0 drew its batches in draw_s; the last rank took as long and then lingered
     for draw, epoch_time in zip(runs[0]["draw_s"], runs[0]["epoch_time_s"]):
         assert epoch_time >= draw + 0.8 * LAST_RANK_LINGERS_S
+
+
+def test_a_step_time_includes_the_wait_for_its_batch(runs):
+    # a step cannot start before its batch arrives: a DataLoader that sets the pace shows in
+    # the step times, which add up to the epoch, on the CPU as with CUDA's events
+    for p50, epoch_time in zip(runs[0]["step_time_p50_s"], runs[0]["epoch_time_s"]):
+        assert FETCH_S <= p50 < epoch_time
 
 
 def test_the_cosine_schedule_is_stepped_once_per_optimizer_step_down_to_zero(runs):

@@ -157,8 +157,7 @@ class Trainer:
         self.model.train()
         device = self.ctx.device
         totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-        step_times: list[float] = []
-        events = _StepEvents(device)
+        clock = _StepClock(device)
         first_batch = None
         sizes = self.data.train.sizes()  # examples per batch: the epoch's last may be short
         n_batches = len(sizes)
@@ -166,10 +165,9 @@ class Trainer:
         self._synchronize()
         dist.barrier()  # the clock starts when every rank is ready
         start = time.perf_counter()
+        clock.mark()
         batches = self.reporter.progress(self.data.train, total=n_batches, desc=f"epoch {epoch}")
         for step, (x, y) in enumerate(batches):
-            step_start = time.perf_counter()
-            events.mark()
             x, y = self._to_device(x, y)
             if first_batch is None:
                 first_batch = (x, y)
@@ -183,12 +181,10 @@ class Trainer:
                 self._optimizer_step()
             with torch.no_grad():
                 totals += batch_totals(loss.detach().double() * len(y), logits, y)
-            if device.type != "cuda":  # on CUDA, events time the steps without a sync
-                step_times.append(time.perf_counter() - step_start)
-        events.mark()
+            clock.mark()  # a step runs from the previous one's end: waiting for its batch is part of it
         self._synchronize()
         local_time = time.perf_counter() - start
-        step_times = events.durations() or step_times
+        step_times = clock.durations()
 
         # Reduce before reporting: the epoch lasts as long as the slowest rank, images/sec
         # is the sum of every rank's rate, and loss/accuracy cover every rank's examples.
@@ -353,20 +349,23 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-class _StepEvents:
-    """CUDA events at step boundaries: step times without a synchronisation per step."""
+class _StepClock:
+    """Step boundaries: CUDA events on CUDA (step times without a synchronisation per
+    step), the clock on the CPU."""
 
     def __init__(self, device: torch.device):
-        self.events = [] if device.type == "cuda" else None
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
 
     def mark(self) -> None:
-        if self.events is not None:
+        if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
-            self.events.append(event)
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
 
     def durations(self) -> list[float]:
         """Seconds between consecutive marks (call after synchronising)."""
-        if not self.events:
-            return []
-        return [a.elapsed_time(b) / 1000 for a, b in zip(self.events, self.events[1:])]
+        pairs = zip(self.marks, self.marks[1:])
+        return [a.elapsed_time(b) / 1000 if self.cuda else b - a for a, b in pairs]
