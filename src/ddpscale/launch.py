@@ -41,17 +41,15 @@ log = logging.getLogger("ddpscale")
 WorkerFn = Callable[[ddist.WorkerContext, Config, Path], dict[str, Any]]
 
 
-# The signals that stop a run and mark it interrupted: Ctrl-C, kill, and SIGHUP (the
-# terminal closed or the SSH connection dropped), which would otherwise end the job
-# process at once and leave run.json saying "running". One ignored when the job starts
-# (SIGHUP under nohup) stays ignored, in the job and in its workers.
-_STOP_SIGNAL_NUMBERS = ddist.STOP_SIGNALS
-
-
 def catch_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
     """Install `handler` for every stop signal not ignored now; the handlers it replaced, to
-    give back to `restore_signals` (the job here, the local sweep in the slurm launcher)."""
-    return {s: signal.signal(s, handler) for s in _STOP_SIGNAL_NUMBERS
+    give back to `restore_signals` (the job here, the local sweep in the slurm launcher).
+
+    The stop signals (ddist.STOP_SIGNALS) are Ctrl-C, kill, and SIGHUP (the terminal closed
+    or the SSH connection dropped), which would otherwise end the job process at once and
+    leave run.json saying "running". One ignored when the job starts (SIGHUP under nohup)
+    stays ignored, in the job and in its workers."""
+    return {s: signal.signal(s, handler) for s in ddist.STOP_SIGNALS
             if signal.getsignal(s) is not signal.SIG_IGN}
 
 
