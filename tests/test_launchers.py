@@ -656,3 +656,21 @@ def test_a_task_killed_outright_fails_its_job_and_the_slurm_sweep_goes_on(tmp_pa
     assert "job #0 failed: a task ended without a result" in log
     assert [read_run(d)["status"] for d in run_dirs(tmp_path)] == ["failed", "completed"]
     assert "2 run(s), 1 completed" in log
+
+
+
+def test_a_sweep_counts_only_the_jobs_its_own_slurm_launcher_handed_over(tmp_path):
+    # count_submitted_job's list outlives a sweep that stopped before its end (an
+    # interrupted in-process sweep, a notebook): the next sweep must not count its jobs.
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from ddpscale.sweep import SweepSummary, count_submitted_job
+
+    earlier = OmegaConf.create({"hydra": {"runtime": {"output_dir": str(tmp_path / "earlier" / "0")}}})
+    count_submitted_job(JobReturn(overrides=["optim.lr=0.1"], status=JobStatus.FAILED,
+                                  _return_value=RuntimeError("an earlier sweep's job"), hydra_cfg=earlier))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "now")}}})
+    summary = SweepSummary()
+    summary.on_multirun_start(config=config)
+    summary.on_multirun_end(config=config)  # SystemExit(1) if it counted the earlier job as failed

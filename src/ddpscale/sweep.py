@@ -314,6 +314,7 @@ class SweepSummary(Callback):
         self.unrecorded: list[dict[str, Any]] = []
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _SUBMITTED.clear()  # an earlier sweep in this process that stopped before its end
         write_sweep_jobs(config)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
