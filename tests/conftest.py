@@ -16,6 +16,14 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
+# The tests stop the runs they start with Ctrl-C and hangups. A test runner that ignores
+# those signals (started under nohup, or as a shell's background job) would hand the
+# ignoring on to every run, which then outlived them and failed those tests; a handler that
+# does nothing keeps this process ignoring them, and its children start with the default.
+for _stop in (signal.SIGINT, signal.SIGHUP):
+    if signal.getsignal(_stop) is signal.SIG_IGN:
+        signal.signal(_stop, lambda signum, frame: None)
+
 # A small, quick synthetic run on 2 CPU workers; tests add their own overrides.
 QUICK = [
     "data=synthetic", "data.train_size=512", "data.val_size=256", "data.batch_size=32", "data.noise=2.0",
