@@ -241,7 +241,9 @@ KEEP_NO_RUN_JSON = {"distributed.num_gpus=two", "model=resnet9000", "optim.lrr=0
     (["model=resnet9000"], "resnet9000"),
     (["optim.schedule=linear"], "optim.schedule='linear' is unknown; valid: cosine, constant; one of your own "
                                 "goes into ddpscale.optim.SCHEDULES"),
-    (["optim.lrr=0.1"], "lrr"),
+    # Hydra's own answer, "To append to your config use +optim.lrr=0.1", was refused next
+    (["optim.lrr=0.1"], "error: optim.lrr is not a config key (did you mean optim.lr? keys of the optim "
+                        "options: name, lr,"),
     (["+trian.epochs=1"], "trian is not a config key (did you mean train?"),
     (["optim.name=adamw"], "choose the option with optim=adamw"),
     (["data.batch_size=???"], "data.batch_size has no value; give it one (data.batch_size=...)"),
@@ -392,13 +394,34 @@ def test_a_home_relative_data_root_means_the_home_directory(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [
-    ["-m", "a=1", "b=2"], ["a=1", "b=2", "-m"], ["--multirun", "hydra/launcher=slurm", "x=1"],
-    ["--info"], ["-cn", "config", "a=1"], ["--config-dir", "X", "a=1", "-m"], ["~key", "+key=v", "-m"],
-    ["'a=x y'", "b=\"z w\""], ["--cfg", "job", "a=1"], ["a=1", "--cfg", "job"], ["--help"],
-    ["a=1", "--multirnu", "b=2"],  # an unknown flag: Hydra names it, ddpscale does not guess
+    ["-m", "train.seed=1", "optim.lr=2"], ["train.seed=1", "optim.lr=2", "-m"],
+    ["--multirun", "hydra/launcher=slurm", "train.seed=1"], ["--info"], ["-cn", "config", "train.seed=1"],
+    ["--config-dir", "X", "train.seed=1", "-m"], ["~key", "+key=v", "-m"],
+    ["'data.root=x y'", "data.root=\"z w\""], ["--cfg", "job", "train.seed=1"], ["train.seed=1", "--cfg", "job"],
+    ["--help"],
+    ["train.seed=1", "--multirnu", "optim.lr=2"],  # an unknown flag: Hydra names it, ddpscale does not guess
 ])
 def test_command_lines_hydra_reads_are_left_to_it(argv):
     assert command_line_problem(argv) is None
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["trian.epochs=1"], "trian is not a config key (did you mean train? valid here: model, data, optim, "
+                         "distributed, train); fix the name in the trian.epochs=1 override or drop it"),
+    (["-m", "optim.lrr=0.1,0.2"], "optim.lrr is not a config key (did you mean optim.lr? keys of the optim "
+                                  "options: name, lr, weight_decay, schedule, warmup_epochs, beta1, beta2, eps, "
+                                  "momentum, nesterov); fix the name in the optim.lrr=0.1,0.2 override or drop it"),
+    (["model.depht=16", "model=wide_resnet"], "model.depht is not a config key (did you mean model.depth? keys of "
+                                              "the model options: name, conv1_channels, conv2_channels, hidden, "
+                                              "dropout, depth, width); fix the name in the model.depht=16 override "
+                                              "or drop it"),
+    (["train.epoch=2"], "train.epoch is not a config key (did you mean train.epochs? valid here: epochs, seed,"),
+    (["optim.beta1=0.8"], None),  # optim=adamw's: Hydra says that SGDConfig lacks it
+])
+def test_an_override_of_a_key_no_option_has_names_the_closest_key(argv, message):
+    # Hydra answered "To append to your config use +optim.lrr=0.1", which ddpscale refuses next
+    problem = command_line_problem(argv)
+    assert problem is None if message is None else problem.startswith(message), problem
 
 
 @pytest.mark.parametrize("argv", [["--cfg", "job", "optim.lr=0.05"], ["optim.lr=0.05", "--cfg", "job"]])

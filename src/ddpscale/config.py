@@ -296,15 +296,57 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     for key in node.keys():
         path = f"{prefix}{key}"
         if known is not None and key not in known:
-            near = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {prefix}{near[0]}? " if near else ""
-            problems.append(f"{path} is not a config key ({hint}valid here: {', '.join(known)}); "
-                            f"fix the name in the +{path}... override or drop it")
+            problems.append(_not_a_key(path, known, f"+{path}..."))
             continue
         child = None if OmegaConf.is_missing(node, key) else node[key]
         if isinstance(child, DictConfig):
             problems += unknown_keys(child, f"{path}.")
     return problems
+
+
+def unknown_override_keys(overrides: list[str]) -> list[str]:
+    """One message per `group.key=value` override whose key no option of the group has.
+
+    Hydra refuses such an override with "To append to your config use +group.key=...",
+    which ddpscale then refuses too; this names the closest real key instead. An option's
+    keys are those of its schema, stored under schema/<group> (README: Extending).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException:
+        return []  # Hydra names what it cannot read
+    cs = ConfigStore.instance()
+    schema = cs.load("schema/config.yaml").node
+    top, groups = list(schema.keys()), set(cs.list("schema"))
+    problems = []
+    for override in parsed:
+        path = override.key_or_group.split(".")
+        if (override.type != OverrideType.CHANGE or override.package is not None or len(path) == 1
+                or "/" in path[0] or path[0] == "hydra"):  # a group's option, or Hydra's own key
+            continue
+        if path[0] not in top:
+            problems.append(_not_a_key(path[0], top, override.input_line))
+        else:
+            keys = [] if OmegaConf.is_missing(schema, path[0]) else list(schema[path[0]].keys())
+            for option in cs.list(f"schema/{path[0]}") if path[0] in groups else []:
+                keys += [k for k in cs.load(f"schema/{path[0]}/{option}").node.keys() if k not in keys]
+            if path[1] not in keys:
+                valid = f"keys of the {path[0]} options" if path[0] in groups else "valid here"
+                problems.append(_not_a_key(f"{path[0]}.{path[1]}", keys, override.input_line, valid))
+    return problems
+
+
+def _not_a_key(path: str, known: list[str], override: str, valid: str = "valid here") -> str:
+    """`path` is not a config key: the closest of `known` (the keys beside it), and the fix."""
+    parent, _, key = path.rpartition(".")
+    near = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {parent + '.' if parent else ''}{near[0]}? " if near else ""
+    return (f"{path} is not a config key ({hint}{valid}: {', '.join(known)}); "
+            f"fix the name in the {override} override or drop it")
 
 
 def as_dict(cfg: Config) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from ddpscale.config import unknown_override_keys
 from ddpscale.results import RESULTS_FILE, RUN_FILE, earlier_run, taken_message
 
 log = logging.getLogger("ddpscale")
@@ -75,7 +76,8 @@ def _prints_only(argv: list[str]) -> str | None:
 
 def command_line_problem(argv: list[str]) -> str | None:
     """What is wrong with a command line that Hydra would answer with a usage dump and
-    "unrecognized arguments", or a traceback, as one line naming the fix."""
+    "unrecognized arguments", a traceback, or advice that fails next (an override of a key
+    no option has: "use +key=..."), as one line naming the fix."""
     parsed = _hydra_args(argv)
     if parsed is None:
         return None  # --help, --version or a bad option: Hydra answers it itself
@@ -88,7 +90,7 @@ def command_line_problem(argv: list[str]) -> str | None:
     if args.cfg and args.multirun:
         return (f"--cfg {args.cfg} shows one job's config and Hydra cannot combine it with -m; "
                 "drop -m (and any comma-separated sweep values) to see the composed config")
-    return None
+    return "; ".join(unknown_override_keys(args.overrides)) or None
 
 
 def _hydra_args(argv: list[str]) -> tuple[Any, list[str]] | None:
