@@ -79,7 +79,8 @@ def test_a_slurm_task_bound_to_its_own_cores_keeps_them_all():
 
 
 def test_the_rendezvous_host_is_checked_before_anything_waits_for_it(caplog):
-    with pytest.raises(ConfigError, match="master_addr='badhost.invalid' does not resolve"):
+    with pytest.raises(ConfigError, match="master_addr='badhost.invalid' does not resolve on .*; set it to node 0's "
+                                          "host name or IP address, the same on every node"):
         check_master_addr("badhost.invalid", hosts_store=False)
     check_master_addr("127.0.0.1", hosts_store=True)
     check_master_addr("192.0.2.7", hosts_store=False)  # a documentation address: another node's
@@ -255,7 +256,8 @@ def test_several_nodes_on_the_local_submitit_launcher_are_refused_in_one_line(tm
          "hydra/launcher=slurm_local", *where, "-m"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, output(proc)
-    assert "slurm_local runs every job on this machine, but a job asks for distributed.num_nodes=2" in output(proc)
+    assert ("slurm_local runs every job on this machine, but a job asks for distributed.num_nodes=2; use "
+            "distributed.num_nodes=1 here, or hydra/launcher=slurm on a cluster") in output(proc)
     assert "Traceback" not in output(proc)
     # nothing was started, not even the one-node job, and nothing was left: not Hydra's
     # multirun.yaml, nor (unless given) the sweep directory claimed for it
@@ -269,7 +271,8 @@ def test_the_slurm_launcher_off_a_cluster_says_so_in_one_line(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=60,
         env={**os.environ, "PATH": f"{Path(sys.executable).parent}:/bin"})  # no sbatch here
     assert proc.returncode == 2, output(proc)
-    assert "error: hydra/launcher=slurm submits each job with sbatch, which this machine does not have" in output(proc)
+    assert ("error: hydra/launcher=slurm submits each job with sbatch, which this machine does not have; run the "
+            "sweep on a SLURM login node, or use hydra/launcher=slurm_local here") in output(proc)
     assert "Traceback" not in output(proc)
     assert list(tmp_path.iterdir()) == []  # no multirun/<date>/<time> that looks like a sweep
 
@@ -381,6 +384,7 @@ def test_under_torchrun_a_run_dir_refused_by_rank_0_ends_every_rank_at_once(tmp_
         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert proc.returncode != 0
     assert f"error: hydra.run.dir={run_dir} already holds run files" in output(proc)
+    assert "Fix: give hydra.run.dir a new directory, or leave it unset" in output(proc)
     assert "forcefully exiting" not in output(proc), output(proc)
     assert time.monotonic() - start < 25
     assert (run_dir / "results.csv").read_text() == "epoch\n1\n"

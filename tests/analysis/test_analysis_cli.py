@@ -47,8 +47,9 @@ def test_directory_without_runs_is_a_clear_error(tmp_path):
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     result = run_cli(str(tmp_path / "empty"))
     assert result.returncode == 1
-    assert result.stderr.startswith(
-        f"multirun_analysis: error: no runs found under {tmp_path / 'empty'}"
+    assert result.stderr == (
+        f"multirun_analysis: error: no runs found under {tmp_path / 'empty'} "
+        "(a run is a directory holding results.csv or run.json)\n"
     )
     assert result.stderr.count("\n") == 1
     assert not (tmp_path / "empty" / "analysis").exists()
@@ -59,7 +60,8 @@ def test_target_acc_must_be_a_fraction(tmp_path):
     write_run("a")
     result = run_cli(str(sweep_dir), "--target-acc", "90")
     assert result.returncode == 2
-    assert "--target-acc=90 is not a fraction in (0, 1]" in result.stderr
+    assert ("--target-acc=90 is not a fraction in (0, 1]; accuracies are fractions, e.g. --target-acc 0.9"
+            in result.stderr)
 
 
 def test_out_must_be_a_directory(tmp_path):
@@ -103,7 +105,7 @@ def test_an_empty_path_is_a_clear_error(tmp_path, where, capsys):
         parse_args(argv)
     assert exit_.value.code == 2
     name = "SWEEP_DIR" if where == "sweep" else "--out"
-    assert f"argument {name}: an empty path (an unset shell variable?)" in capsys.readouterr().err
+    assert f"argument {name}: an empty path (an unset shell variable?); give a directory" in capsys.readouterr().err
 
 
 @pytest.fixture
@@ -188,7 +190,7 @@ def test_directories_that_all_lack_runs_are_an_error(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith(
         "multirun_analysis: error: no runs found under "
-        f"{tmp_path / 'empty1'}, {tmp_path / 'empty2'} "
+        f"{tmp_path / 'empty1'}, {tmp_path / 'empty2'} (a run is a directory holding results.csv or run.json)"
     )
     assert result.stderr.count("\n") == 1
 
@@ -265,6 +267,7 @@ def test_default_out_that_cannot_be_written_is_a_clear_error(read_only_dir):
     assert result.stderr.startswith(
         f"multirun_analysis: error: cannot write into the output directory {sweep_dir / 'analysis'}: "
     )
+    assert result.stderr.endswith("; give --out a directory you can write to\n")
 
 
 def test_an_output_that_cannot_be_written_is_a_line_not_a_traceback(tmp_path):
