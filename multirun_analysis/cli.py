@@ -125,7 +125,10 @@ def _check(args: argparse.Namespace) -> str | None:
     """The first argument error, worded with the value and the fix."""
     for sweep in args.sweep_dirs:
         if not sweep.exists():
-            return f"sweep directory {sweep} does not exist"
+            return (
+                f"sweep directory {sweep} does not exist; pass the directory a sweep wrote "
+                "(multirun/<date>/<time>, or the hydra.sweep.dir it was given)"
+            )
         if not sweep.is_dir():
             return f"{sweep} is not a directory; pass the sweep directory that holds the runs"
     if args.out is not None and args.out.exists() and not args.out.is_dir():

@@ -39,7 +39,8 @@ def test_missing_directory_is_a_clear_error(tmp_path):
     assert result.returncode == 2
     assert (
         result.stderr
-        == f"multirun_analysis: error: sweep directory {tmp_path / 'nope'} does not exist\n"
+        == f"multirun_analysis: error: sweep directory {tmp_path / 'nope'} does not exist; pass the "
+        "directory a sweep wrote (multirun/<date>/<time>, or the hydra.sweep.dir it was given)\n"
     )
 
 
