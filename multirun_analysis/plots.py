@@ -211,8 +211,12 @@ def plot_accuracy_heatmap(configs: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | None:
-    """val_acc over epochs and over training time, one line per configuration (mean over seeds)."""
+def plot_curves(
+    epochs: pd.DataFrame, runs: pd.DataFrame, path: Path, palette: dict[str, int]
+) -> Path | None:
+    """val_acc over epochs and over training time, one line per configuration (mean over seeds),
+    in its throughput line's colour and style from `palette` (line_palette), marked by world
+    layout: picking colours of its own, a configuration here had another colour than there."""
     included = runs[runs.included]
     if included.empty:
         return None
@@ -223,8 +227,12 @@ def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | 
         .set_index("line")
         .assign(final=runs_line.groupby("line").final_val_acc.mean())
         .nlargest(MAX_LINES, "final")
-        .pipe(lambda d: d.assign(label=_labels(d, keys)))
+        .pipe(lambda d: d.assign(label=_labels(d, keys), colour=_line_key(d, "weak").map(palette)))
+        .sort_values(["colour", *WORLD], kind="stable")  # listed as the other legends are
     )
+    layouts = lines[list(WORLD)].drop_duplicates().sort_values(list(WORLD)).apply(tuple, axis=1)
+    markers = {layout: _LAYOUT_MARKERS[i % len(_LAYOUT_MARKERS)] 
+               for i, layout in enumerate(layouts)}
     total = runs_line.line.nunique()
     curves = (
         epochs.merge(runs_line.loc[runs_line.line.isin(lines.index), ["run_id", "line"]])
@@ -233,9 +241,10 @@ def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | 
     )
     fig = _figure(12, 4.6 + 0.22 * len(lines))
     epoch_ax, time_ax = fig.subplots(1, 2, sharey=True)
-    for i, (line, label) in enumerate(lines.label.items()):
+    for line, row in lines.iterrows():
         curve = curves[curves.line == line]
-        style = dict(**_style(i), marker="o", ms=3, label=label or "all runs")
+        marker = markers[tuple(row[list(WORLD)])]
+        style = dict(**_style(int(row.colour)), marker=marker, ms=5, label=row.label or "all runs")
         epoch_ax.plot(curve.epoch.astype(float), curve.val_acc, **style)
         time_ax.plot(curve.elapsed_s, curve.val_acc, **style)
     epoch_ax.set(xlabel="epoch", ylabel="validation accuracy", title="Over epochs")
@@ -252,11 +261,12 @@ def plot_curves(epochs: pd.DataFrame, runs: pd.DataFrame, path: Path) -> Path | 
 
 
 def line_palette(configs: pd.DataFrame, scaling: pd.DataFrame) -> dict[str, int]:
-    """One colour number per line of the throughput and scaling plots, shared by them all:
-    first each throughput line (a configuration but for its world layout; the weak-scaling
-    groups are such lines), then each strong-scaling group, whose runs lie on several throughput
-    lines and so takes a colour none of them has. Each kind is in the order the scaling table
-    numbers its groups (by settings), which is the order every legend lists its lines in."""
+    """One colour number per line of the throughput and scaling plots, shared by them all and by
+    the accuracy curves of the line's configurations: first each throughput line (a
+    configuration but for its world layout; the weak-scaling groups are such lines), then each
+    strong-scaling group, whose runs lie on several throughput lines and so takes a colour none
+    of them has. Each kind is in the order the scaling table numbers its groups (by settings),
+    which is the order every legend lists its lines in."""
     strong = scaling[scaling.scaling == "strong"]
     keys = [*_in_order(configs, "weak"), *_in_order(strong, "strong")]
     return {key: i for i, key in enumerate(keys)}

@@ -83,7 +83,7 @@ def write_report(analysis: Analysis, out: Path) -> Path:
         "strong": plots.plot_scaling(analysis.scaling, "strong", out / PLOTS["strong"], palette),
         "throughput": plots.plot_throughput(analysis.configs, out / PLOTS["throughput"], palette),
         "heatmap": plots.plot_accuracy_heatmap(analysis.configs, out / PLOTS["heatmap"]),
-        "curves": plots.plot_curves(analysis.epochs, analysis.runs, out / PLOTS["curves"]),
+        "curves": plots.plot_curves(analysis.epochs, analysis.runs, out / PLOTS["curves"], palette),
     }
     for name, image in images.items():
         if image is None:  # an earlier analysis's plot must not pass for this one's

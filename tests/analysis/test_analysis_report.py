@@ -563,6 +563,44 @@ def test_every_plot_colours_a_line_as_the_others_do_and_lists_lines_in_colour_or
     ]
 
 
+def test_the_accuracy_curves_colour_a_configuration_as_the_throughput_plot_does(
+    tmp_path, monkeypatch
+):
+    """The curves numbered their colours by final accuracy: the most accurate configuration
+    (lr=0.1, throughput's second line, orange) was blue there. A curve takes its throughput
+    line's colour and style; its world sizes are told apart by marker."""
+    from matplotlib.colors import to_hex
+
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for i, lr in enumerate((0.01, 0.1)):  # lr=0.1 ends the more accurate: first by accuracy
+        for world_size in (1, 2):
+            write_run(f"{lr}/ws{world_size}", lr=lr, world_size=world_size,
+                      images_per_sec=(1000.0 * world_size,) * 3,
+                      val_acc=[0.5, 0.6, 0.7 + 0.1 * i - 0.01 * world_size])
+    figures = {}
+    save = plots._save
+    monkeypatch.setattr(plots, "_save",
+                        lambda fig, path: figures.setdefault(path.stem, fig) and save(fig, path))
+    write_report(analyse([sweep_dir]), tmp_path / "out")
+
+    def looks(name) -> dict[str, tuple]:
+        """(colour, line style, marker) of each line by its label's lr and world size."""
+        handles, labels = figures[name].axes[0].get_legend_handles_labels()
+        settings = [dict(part.split("=") for part in label.split(", ")) for label in labels]
+        return {", ".join(f"{k}={s[k]}" for k in ("lr", "ws") if k in s):
+                (to_hex(line.get_color()), line.get_linestyle(), line.get_marker())
+                for s, line in zip(settings, (getattr(h, "lines", [h])[0] for h in handles))}
+
+    throughput, curves = looks("throughput"), looks("val_acc_curves")
+    for name, (colour, style, marker) in curves.items():
+        assert (colour, style) == throughput[name.split(",")[0]][:2]
+        assert marker == ("o" if name.endswith("ws=1") else "s")
+    # listed in colour order, as the other legends are
+    assert list(curves) == ["lr=0.01, ws=1", "lr=0.01, ws=2", "lr=0.1, ws=1", "lr=0.1, ws=2"]
+
+
 def test_the_scaling_tables_name_a_setting_their_rows_share_that_other_runs_do_not(tmp_path):
     """lr=0.02 ran at world size 1 only (its 2-worker run failed): it is in no scaling group,
     so the tables' rows all have lr=0.1 and show no lr column. The report must still say it."""
@@ -587,7 +625,8 @@ def test_the_epoch_axis_of_one_epoch_runs_has_whole_epochs_only(tmp_path, monkey
     analysis = analyse([sweep_dir])
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
-    plots.plot_curves(analysis.epochs, analysis.runs, tmp_path / "curves.png")
+    palette = plots.line_palette(analysis.configs, analysis.scaling)
+    plots.plot_curves(analysis.epochs, analysis.runs, tmp_path / "curves.png", palette)
     epoch_ax = figures[0].axes[0]
     low, high = epoch_ax.get_xlim()
     ticks = [t for t in epoch_ax.get_xticks() if low <= t <= high]
