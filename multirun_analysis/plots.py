@@ -76,7 +76,7 @@ def plot_scaling(
     labels = table.group + ": " + _labels(
         table, _line_keys(table.columns, kind), always=(SCALING_KINDS[kind],)
     )
-    noted = set()  # (axes, x, text): groups that meet at a point (every baseline) print it once
+    noted = {}  # (axes, x, text): groups that meet at a point (every baseline) print it once
     for i, group in shown.groupby("colour", sort=True):
         label = labels[group.index[0]]
         for suffix, marker, points in _layouts(group):
@@ -87,9 +87,8 @@ def plot_scaling(
             for x, speedup, efficiency in group[["world_size", "speedup", "efficiency"]].values:
                 for ax, value, text in ((speed_ax, speedup, f"{speedup:.2f}×"),
                                         (eff_ax, efficiency, f"{efficiency:.2f}")):
-                    if (id(ax), x, text) not in noted:
-                        noted.add((id(ax), x, text))
-                        ax.annotate(text, (x, value), **_NOTE)
+                    if (ax, x, text) not in noted:
+                        noted[ax, x, text] = ax.annotate(text, (x, value), **_NOTE)
     _world_axis(speed_ax, sizes)
     _world_axis(eff_ax, sizes)
     if speed_ax.get_xscale() == "log":  # log-log: the ideal line is straight, gaps read as ratios
@@ -103,6 +102,7 @@ def plot_scaling(
     )
     fig.suptitle(_TITLES[kind] + _shown(shown.group.nunique(), total, "groups"), fontsize=13)
     _legend(fig, speed_ax)
+    _spread_notes(fig, noted)
     return _save(fig, path)
 
 
@@ -373,6 +373,40 @@ def _figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def _spread_notes(fig: Figure, notes: dict) -> None:
+    """Move the figures printed beside the points of one world size apart, up and down, where
+    their patches would overlap: lines that end close together (3.50x, 3.55x, 3.60x) printed
+    them over each other. Each stays as near its point as the others let it."""
+    by_point = {}
+    for (ax, x, _), note in notes.items():
+        by_point.setdefault((ax, x), []).append(note)
+    for _ in range(2):  # the layout settles once the figures have moved
+        fig.draw_without_rendering()
+        for column in by_point.values():
+            boxes = [note.get_bbox_patch().get_window_extent() for note in column]
+            order = np.argsort([-box.y0 for box in boxes], kind="stable")  # top first
+            gap = max(box.height for box in boxes) + 1.0  # pixels
+            wanted = np.array([(boxes[i].y0 + boxes[i].y1) / 2 for i in order])
+            for i, y in zip(order, _apart(wanted, gap)):
+                moved = (y - (boxes[i].y0 + boxes[i].y1) / 2) * 72 / fig.dpi  # pixels to points
+                column[i].xyann = (column[i].xyann[0], column[i].xyann[1] + moved)
+
+
+def _apart(wanted: np.ndarray, gap: float) -> np.ndarray:
+    """Heights nearest `wanted` (falling) in the least-squares sense that lie `gap` or more apart:
+    with y_i + i * gap they must not rise, which pooling adjacent violators solves."""
+    shifted = wanted + gap * np.arange(len(wanted))
+    blocks = []  # [sum, count] of runs of positions that move together
+    for value in shifted:
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    pooled = np.concatenate([np.full(count, total / count) for total, count in blocks])
+    return pooled - gap * np.arange(len(wanted))
 
 
 def _legend(fig: Figure, ax) -> None:

@@ -4,6 +4,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from analysis_files import COLUMNS, new_sweep, run_rows, write_results, write_run_json
@@ -271,6 +272,32 @@ def test_groups_meeting_at_a_point_print_its_figure_once(tmp_path, monkeypatch):
     assert sorted(t.get_text() for t in speed_ax.texts) == ["1.00×", "1.60×"]
     assert sorted(t.get_text() for t in eff_ax.texts) == ["0.80", "1.00"]
     assert len(speed_ax.get_lines()) == 3  # the ideal line and both groups' lines
+
+
+def test_figures_of_lines_that_end_close_together_do_not_overlap(tmp_path, monkeypatch):
+    """Speedups of 3.50x, 3.55x and 3.60x at world size 4 printed their figures over each
+    other; they move apart, in the order of their points and near them."""
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for lr, end in [(0.1, 3500.0), (0.05, 3550.0), (0.02, 3600.0)]:
+        for world_size, throughput in [(1, 1000.0), (2, 1900.0), (4, end)]:
+            write_run(f"{lr}/ws{world_size}", lr=lr, world_size=world_size,
+                      images_per_sec=(throughput,) * 3)
+    figures = []
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or save(fig, path))
+    analysis = analyse([sweep_dir])
+    palette = plots.line_palette(analysis.configs, analysis.scaling)
+    plots.plot_scaling(analysis.scaling, "weak", tmp_path / "weak.png", palette)  # drawn: laid out
+    for ax in figures[0].axes[:2]:
+        notes = [note for note in ax.texts if note.xy[0] == 4]
+        assert len(notes) == 3
+        boxes = [note.get_bbox_patch().get_window_extent() for note in notes]
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+        points = [ax.transData.transform(note.xy)[1] for note in notes]
+        assert np.argsort(points).tolist() == np.argsort([box.y0 for box in boxes]).tolist()
+        assert all(abs(point - box.y1) < 3 * box.height for point, box in zip(points, boxes))
 
 
 def test_an_accuracy_change_that_rounds_to_zero_prints_without_a_minus(tmp_path):
