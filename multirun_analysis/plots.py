@@ -23,7 +23,10 @@ from .tables import SCALING_KINDS, joined_labels, scaling_keys, varying_keys
 
 MAX_LINES = 12  # more lines than this make a plot unreadable; the title says what is shown
 MAX_PANELS = 9  # a 3 x 3 grid of heatmaps
-_LABEL_CHARS = 60  # a legend label longer than this names only the keys that tell lines apart
+# A legend label longer than this names only the keys that tell lines apart, then "…". At 9 pt
+# one legend column of the narrowest figure (10 in) holds some 130 characters; at 60 the
+# labels of a sweep over model, dataset and optimizer (and lr) lost the dataset and optimizer.
+_LABEL_CHARS = 100
 _LINE_STYLES = ("-", ":", "-.", "--")  # lines 0-9 solid in ten colours, 10-19 dotted, ...
 _CMAP = colormaps["viridis"].with_extremes(bad="#f0f0f0")
 _SHORT = {

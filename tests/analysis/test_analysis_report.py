@@ -31,6 +31,17 @@ OUTPUTS = {
     "val_acc_curves.png",
 }
 
+def report_figures(analysis, out, monkeypatch) -> dict:
+    """The report's figures by file name (without .png), as write_report saved them."""
+    from multirun_analysis import plots
+
+    figures, save = {}, plots._save
+    monkeypatch.setattr(plots, "_save",
+                        lambda fig, path: figures.setdefault(path.stem, fig) and save(fig, path))
+    write_report(analysis, out)
+    return figures
+
+
 
 @pytest.fixture(scope="module")
 def messy_out(tmp_path_factory):
@@ -339,6 +350,32 @@ def test_plots_of_runs_that_differ_in_many_keys_stay_readable(tmp_path, recwarn)
     assert labels[configs.lr == 0.01].str.startswith("lr=0.01, batch=64, train.knob_number_0=").all()
 
 
+def test_legends_name_a_dataset_and_optimizer_that_vary_with_the_model(tmp_path, monkeypatch):
+    """A sweep of two model, dataset and optimizer triples: labels longer than 60 characters
+    named only the keys that tell lines apart, "model=cnn, lr=0.1, batch=64, …", dropping
+    the dataset and optimizer. The whole label fits a legend of one column."""
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for model, dataset, optimizer in [("cnn", "fashion_mnist", "sgd"),
+                                      ("resnet18", "cifar10", "adamw")]:
+        for lr in (0.1, 0.01):
+            for world_size in (1, 2, 4):
+                write_run(f"{model}/{lr}/ws{world_size}", model=model, dataset=dataset,
+                          optimizer=optimizer, lr=lr, world_size=world_size,
+                          images_per_sec=(1000.0 * world_size,) * 3)
+    figures = report_figures(analyse([sweep_dir]), tmp_path / "out", monkeypatch)
+    assert set(figures) == {"scaling_weak", "throughput", "accuracy_heatmap", "val_acc_curves"}
+    for name in ("scaling_weak", "throughput", "val_acc_curves"):
+        legend = figures[name].legends[0]
+        labels = [t.get_text() for t in legend.get_texts() if not t.get_text().startswith("ideal")]
+        assert "…" not in "".join(labels)
+        assert "dataset=cifar10, optim=adamw" in labels[-1], name
+        assert figures[name].bbox.contains(*legend.get_window_extent().p0)
+        assert figures[name].bbox.contains(*legend.get_window_extent().p1)
+    assert labels[-1] == (
+        "model=resnet18, dataset=cifar10, optim=adamw, lr=0.1, global batch=256, ws=4"
+    )
+
+
 def test_short_labels_keep_every_varying_key_even_when_some_go_together():
     """lr and world size vary together in the demo's curves; world size is what the study is about."""
     frame = pd.DataFrame({"lr": [0.02, 0.05, 0.02, 0.05], "global_batch_size": [64, 64, 128, 128],
@@ -548,8 +585,6 @@ def test_every_plot_colours_a_line_as_the_others_do_and_lists_lines_in_colour_or
     ran C4, C0, C2."""
     from matplotlib.colors import to_hex
 
-    from multirun_analysis import plots
-
     sweep_dir, write_run = new_sweep(tmp_path)
     for lr in (0.1, 0.01):
         for batch, world_size in [(32, 1), (32, 2), (64, 1)]:  # global batch 64 twice: strong
@@ -558,11 +593,7 @@ def test_every_plot_colours_a_line_as_the_others_do_and_lists_lines_in_colour_or
     for world_size in (2, 4):  # an lr first in order, but not run at world size 1
         write_run(f"0.001/ws{world_size}", lr=0.001, world_size=world_size,
                   images_per_sec=(1000.0 * world_size,) * 3)
-    figures = {}
-    save = plots._save
-    monkeypatch.setattr(plots, "_save",
-                        lambda fig, path: figures.setdefault(path.stem, fig) and save(fig, path))
-    write_report(analyse([sweep_dir]), tmp_path / "out")
+    figures = report_figures(analyse([sweep_dir]), tmp_path / "out", monkeypatch)
 
     def legend(name) -> list[tuple[str, str]]:
         shown = figures[name].legends[0]
@@ -598,19 +629,13 @@ def test_the_accuracy_curves_colour_a_configuration_as_the_throughput_plot_does(
     line's colour and style; its world sizes are told apart by marker."""
     from matplotlib.colors import to_hex
 
-    from multirun_analysis import plots
-
     sweep_dir, write_run = new_sweep(tmp_path)
     for i, lr in enumerate((0.01, 0.1)):  # lr=0.1 ends the more accurate: first by accuracy
         for world_size in (1, 2):
             write_run(f"{lr}/ws{world_size}", lr=lr, world_size=world_size,
                       images_per_sec=(1000.0 * world_size,) * 3,
                       val_acc=[0.5, 0.6, 0.7 + 0.1 * i - 0.01 * world_size])
-    figures = {}
-    save = plots._save
-    monkeypatch.setattr(plots, "_save",
-                        lambda fig, path: figures.setdefault(path.stem, fig) and save(fig, path))
-    write_report(analyse([sweep_dir]), tmp_path / "out")
+    figures = report_figures(analyse([sweep_dir]), tmp_path / "out", monkeypatch)
 
     def looks(name) -> dict[str, tuple]:
         """(colour, line style, marker) of each line by its label's lr and world size."""
