@@ -32,7 +32,7 @@ def sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return proc, sweep_dir
 
 
-def test_multirun_gives_one_complete_run_per_job(sweep):
+def test_multirun_gives_one_complete_run_per_job(sweep, tmp_path):
     proc, sweep_dir = sweep
     assert proc.returncode == 0, output(proc)
     runs = sorted(p.parent for p in sweep_dir.rglob("results.csv"))
@@ -46,10 +46,11 @@ def test_multirun_gives_one_complete_run_per_job(sweep):
     from multirun_analysis.report import write_report
     from multirun_analysis.sweep import analyse
 
-    jobs = json.loads((tmp_path / "sweep_jobs.json").read_text())["jobs"]
+    jobs = json.loads((sweep_dir / "sweep_jobs.json").read_text())["jobs"]
     assert jobs == [read_run(p)["overrides"] for p in runs]
-    assert analyse([tmp_path]).missing.empty
-    shutil.rmtree(runs[1])
+    assert analyse([sweep_dir]).missing.empty
+    tmp_path = shutil.copytree(sweep_dir, tmp_path / sweep_dir.name)  # the next test reads the sweep too
+    shutil.rmtree(tmp_path / runs[1].name)
     analysis = analyse([tmp_path])
     assert analysis.missing.to_dict("records") == [
         {"sweep": str(tmp_path), "job": 1, "overrides": " ".join(jobs[1])}]
