@@ -47,6 +47,7 @@ _NOTE = dict(
     zorder=2.2,
     bbox=dict(boxstyle="square,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85),
 )
+_NOTE_PAD = 2.0  # pixels a figure's patch keeps from the axes' frame
 _TITLES = {
     "weak": "Weak scaling: per-worker batch fixed",
     "strong": "Strong scaling: global batch fixed",
@@ -105,7 +106,7 @@ def plot_scaling(
     )
     fig.suptitle(_TITLES[kind] + _shown(shown.group.nunique(), total, "groups"), fontsize=13)
     _legend(fig, speed_ax)
-    _spread_notes(fig, noted)
+    _place_notes(fig, noted)
     return _save(fig, path)
 
 
@@ -378,28 +379,53 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
-def _spread_notes(fig: Figure, notes: dict) -> None:
-    """Move the figures printed beside the points of one world size apart, up and down, where
-    their patches would overlap: lines that end close together (3.50x, 3.55x, 3.60x) printed
-    them over each other. Each stays as near its point as the others let it."""
+def _place_notes(fig: Figure, notes: dict) -> None:
+    """Keep the figures printed beside the points inside their axes, and move those of one world
+    size apart, up and down, where their patches would overlap: lines that end close together
+    (3.50x, 3.55x, 3.60x) printed them over each other, and the figures at the largest world
+    size stuck out past the axes' right edge, struck through by the frame. Each stays as near
+    its point as the others and the frame let it."""
     by_point = {}
     for (ax, x, _), note in notes.items():
+        # Kept inside the axes below, they need no room in the layout; counted, they shrank
+        # the axes to make room for where they first stood.
+        note.set_in_layout(False)
         by_point.setdefault((ax, x), []).append(note)
-    for _ in range(2):  # the layout settles once the figures have moved
-        fig.draw_without_rendering()
-        for column in by_point.values():
-            boxes = [note.get_bbox_patch().get_window_extent() for note in column]
-            order = np.argsort([-box.y0 for box in boxes], kind="stable")  # top first
-            gap = max(box.height for box in boxes) + 1.0  # pixels
-            wanted = np.array([(boxes[i].y0 + boxes[i].y1) / 2 for i in order])
-            for i, y in zip(order, _apart(wanted, gap)):
-                moved = (y - (boxes[i].y0 + boxes[i].y1) / 2) * 72 / fig.dpi  # pixels to points
-                column[i].xyann = (column[i].xyann[0], column[i].xyann[1] + moved)
+    fig.draw_without_rendering()
+    for ax in dict.fromkeys(ax for ax, _, _ in notes):
+        _widen_for_notes(ax, [note for (on, _, _), note in notes.items() if on is ax])
+    for (ax, _), column in by_point.items():
+        boxes = [note.get_bbox_patch().get_window_extent() for note in column]
+        order = np.argsort([-box.y0 for box in boxes], kind="stable")  # top first
+        height = max(box.height for box in boxes)
+        wanted = np.array([(boxes[i].y0 + boxes[i].y1) / 2 for i in order])
+        inside = (ax.bbox.y0 + _NOTE_PAD + height / 2, ax.bbox.y1 - _NOTE_PAD - height / 2)
+        for i, y in zip(order, _apart(wanted, height + 1.0, *inside)):
+            moved = (y - (boxes[i].y0 + boxes[i].y1) / 2) * 72 / fig.dpi  # pixels to points
+            column[i].xyann = (column[i].xyann[0], column[i].xyann[1] + moved)
 
 
-def _apart(wanted: np.ndarray, gap: float) -> np.ndarray:
-    """Heights nearest `wanted` (falling) in the least-squares sense that lie `gap` or more apart:
-    with y_i + i * gap they must not rise, which pooling adjacent violators solves."""
+def _widen_for_notes(ax, notes: list) -> None:
+    """Move the right end of the x axis out until every figure's patch ends inside the axes.
+    A figure sits a fixed number of pixels right of its point, so its point may lie at most
+    at fraction 1 - (those pixels + pad) / width of the axes; the axis grows by the ratio."""
+    width = ax.bbox.width
+    grow = 1.0
+    for note in notes:
+        point = ax.transData.transform(note.xy)[0]
+        beyond = note.get_bbox_patch().get_window_extent().x1 - point + _NOTE_PAD
+        at = (point - ax.bbox.x0) / width
+        grow = max(grow, at / (1 - beyond / width))
+    if grow > 1.0:  # extend in display space: on a log axis that is a ratio of world sizes
+        right = ax.transData.inverted().transform(ax.transAxes.transform((grow, 0)))[0]
+        ax.set_xlim(ax.get_xlim()[0], right)
+
+
+def _apart(wanted: np.ndarray, gap: float, low=-np.inf, high=np.inf) -> np.ndarray:
+    """Heights nearest `wanted` (falling) in the least-squares sense that lie `gap` or more apart,
+    all within [low, high] where they fit: with y_i + i * gap they must not rise, which pooling
+    adjacent violators solves; the first must stay under high and the last over low, which on
+    that non-rising sequence are bounds on all of it, and clipping meets them at least cost."""
     shifted = wanted + gap * np.arange(len(wanted))
     blocks = []  # [sum, count] of runs of positions that move together
     for value in shifted:
@@ -409,6 +435,7 @@ def _apart(wanted: np.ndarray, gap: float) -> np.ndarray:
             blocks[-1][0] += total
             blocks[-1][1] += count
     pooled = np.concatenate([np.full(count, total / count) for total, count in blocks])
+    pooled = np.minimum(np.maximum(pooled, low + gap * (len(wanted) - 1)), high)
     return pooled - gap * np.arange(len(wanted))
 
 

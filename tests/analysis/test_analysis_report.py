@@ -715,3 +715,35 @@ def test_the_figures_beside_the_points_stay_readable_over_lines(tmp_path, monkey
         assert patch is not None, text.get_text()
         assert to_rgba(patch.get_facecolor())[:3] == (1.0, 1.0, 1.0)
         assert patch.get_alpha() is None or patch.get_alpha() >= 0.7
+
+
+def _close_lines_to_8_workers(tmp_path, monkeypatch):
+    """The weak-scaling figure of three lines whose speedups at 2, 4 and 8 workers lie close
+    together (3.55x, 3.59x and 3.64x at 8), saved; its axes and the renderer that drew it."""
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for i, lr in enumerate((0.1, 0.05, 0.02)):
+        for world_size, throughput in [(1, 1000.0), (2, 1900.0), (4, 3400.0), (8, 3550.0)]:
+            write_run(f"{lr}/ws{world_size}", lr=lr, world_size=world_size,
+                      images_per_sec=(throughput * (1 + 0.012 * i * (world_size > 1)),) * 3)
+    figures, save = [], plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or save(fig, path))
+    analysis = analyse([sweep_dir])
+    palette = plots.line_palette(analysis.configs, analysis.scaling)
+    plots.plot_scaling(analysis.scaling, "weak", tmp_path / "weak.png", palette)
+    return figures[0].axes[:2], figures[0].canvas.get_renderer()
+
+
+def test_the_figures_beside_the_points_stay_inside_the_axes(tmp_path, monkeypatch):
+    """The figures printed beside the points at 8 workers (3.64x, 3.59x, 3.55x) stuck out past
+    the right of the axes, and the frame's line struck through them."""
+    axes, renderer = _close_lines_to_8_workers(tmp_path, monkeypatch)
+    assert len(axes[0].texts) == 10  # 1.00x once (every line meets there), then three per size
+    for ax in axes:
+        frame = ax.get_window_extent(renderer)
+        for note in ax.texts:
+            for box in (note.get_window_extent(renderer), note.get_bbox_patch().get_window_extent()):
+                assert frame.x0 <= box.x0 and box.x1 <= frame.x1, (note.get_text(), box, frame)
+                assert frame.y0 <= box.y0 and box.y1 <= frame.y1, (note.get_text(), box, frame)
+
