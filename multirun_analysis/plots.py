@@ -87,12 +87,16 @@ def plot_scaling(
             style = dict(**_style(i), marker=marker, label=label + suffix)
             speed_ax.plot(points.world_size.astype(float), points.speedup, **style)
             eff_ax.plot(points.world_size.astype(float), points.efficiency, **style)
-        if total <= 3:  # few lines: print the numbers next to the points
+        if total <= 3:  # few lines: print the numbers next to the points, in the line's colour
+            colour = _style(i)["color"]
             for x, speedup, efficiency in group[["world_size", "speedup", "efficiency"]].values:
                 for ax, value, text in ((speed_ax, speedup, f"{speedup:.2f}×"),
                                         (eff_ax, efficiency, f"{efficiency:.2f}")):
-                    if (ax, x, text) not in noted:
-                        noted[ax, x, text] = ax.annotate(text, (x, value), **_NOTE)
+                    note = noted.get((ax, x, text))
+                    if note is None:
+                        noted[ax, x, text] = ax.annotate(text, (x, value), color=colour, **_NOTE)
+                    elif note.get_color() != colour:  # lines of several colours share it
+                        note.set_color("black")
     _world_axis(speed_ax, sizes)
     _world_axis(eff_ax, sizes)
     if speed_ax.get_xscale() == "log":  # log-log: the ideal line is straight, gaps read as ratios

@@ -747,3 +747,20 @@ def test_the_figures_beside_the_points_stay_inside_the_axes(tmp_path, monkeypatc
                 assert frame.x0 <= box.x0 and box.x1 <= frame.x1, (note.get_text(), box, frame)
                 assert frame.y0 <= box.y0 and box.y1 <= frame.y1, (note.get_text(), box, frame)
 
+
+def test_a_figure_beside_a_point_has_its_lines_colour(tmp_path, monkeypatch):
+    """The figures were black: moved apart, they matched their lines only by order. A figure
+    that several lines share (1.00x where every line starts, 0.45 at 8 workers for two of the
+    efficiencies) stays black, naming none."""
+    from matplotlib.colors import to_hex
+
+    axes, _ = _close_lines_to_8_workers(tmp_path, monkeypatch)
+    for ax in axes:
+        lines = [line for line in ax.get_lines() if not line.get_label().startswith("ideal")]
+        for note in ax.texts:
+            through = {to_hex(line.get_color()) for line in lines  # at its x, printing as it
+                       if any(x == note.xy[0] and f"{y:.2f}" == note.get_text().rstrip("×")
+                              for x, y in line.get_xydata())}
+            assert through, note.get_text()
+            expected = through.pop() if len(through) == 1 else to_hex("black")
+            assert to_hex(note.get_color()) == expected, note.get_text()
