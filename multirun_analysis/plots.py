@@ -239,8 +239,7 @@ def plot_curves(
         .sort_values(["colour", *WORLD], kind="stable")  # listed as the other legends are
     )
     layouts = lines[list(WORLD)].drop_duplicates().sort_values(list(WORLD)).apply(tuple, axis=1)
-    markers = {layout: _LAYOUT_MARKERS[i % len(_LAYOUT_MARKERS)] 
-               for i, layout in enumerate(layouts)}
+    markers = {layout: _LAYOUT_MARKERS[i] for i, layout in enumerate(layouts)}
     total = runs_line.line.nunique()
     curves = (
         epochs.merge(runs_line.loc[runs_line.line.isin(lines.index), ["run_id", "line"]])
@@ -306,7 +305,10 @@ def _style(i: int) -> dict:
     return dict(color=f"C{i % 10}", ls=_LINE_STYLES[i // 10 % len(_LINE_STYLES)])
 
 
-_LAYOUT_MARKERS = ["o", "s", "^", "D", "v", "P"]
+# One per world layout the curves show (at most MAX_LINES configurations, all perhaps of one
+# colour): with six, 1 node x 1 GPU and 2 nodes x 4 GPUs of one configuration looked alike.
+_LAYOUT_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "p", "h"]
+assert len(_LAYOUT_MARKERS) >= MAX_LINES
 
 
 def _layouts(line: pd.DataFrame):

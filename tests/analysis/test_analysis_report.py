@@ -764,3 +764,26 @@ def test_a_figure_beside_a_point_has_its_lines_colour(tmp_path, monkeypatch):
             assert through, note.get_text()
             expected = through.pop() if len(through) == 1 else to_hex("black")
             assert to_hex(note.get_color()) == expected, note.get_text()
+
+
+def test_every_world_layout_of_one_configuration_has_its_own_marker_in_the_curves(
+    tmp_path, monkeypatch
+):
+    """1, 2, 4 and 8 GPUs on one node and on two are eight layouts of one configuration, all in
+    its colour; six markers went round, so 1 node x 1 GPU and 2 nodes x 4 GPUs were both blue
+    circles, two curves that looked alike in the plot and in the legend."""
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for nodes in (1, 2):
+        for gpus in (1, 2, 4, 8):
+            write_run(f"n{nodes}/g{gpus}", world_size=nodes * gpus, num_nodes=nodes,
+                      val_acc=[0.6, 0.7, 0.8 - 0.002 * nodes * gpus])
+    analysis = analyse([sweep_dir])
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    palette = plots.line_palette(analysis.configs, analysis.scaling)
+    plots.plot_curves(analysis.epochs, analysis.runs, tmp_path / "curves.png", palette)
+    lines = figures[0].axes[0].get_lines()
+    looks = {(line.get_color(), line.get_linestyle(), line.get_marker()) for line in lines}
+    assert len(lines) == 8 and len(looks) == 8
