@@ -787,3 +787,32 @@ def test_every_world_layout_of_one_configuration_has_its_own_marker_in_the_curve
     lines = figures[0].axes[0].get_lines()
     looks = {(line.get_color(), line.get_linestyle(), line.get_marker()) for line in lines}
     assert len(lines) == 8 and len(looks) == 8
+
+
+def test_a_long_legend_leaves_the_axes_their_height(tmp_path, monkeypatch):
+    """Lines run at a world size in two node layouts have a legend entry per layout, but the
+    figure grew by a row per line: six lines of long labels, each in two layouts, squashed
+    the axes, and the speedup axis' label ran past their ends."""
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for model, dataset, optimizer in [("cnn", "fashion_mnist", "sgd"),
+                                      ("wide_resnet", "cifar10", "adamw")]:
+        for lr in (0.1, 0.01, 0.001):
+            for nodes, gpus in [(1, 1), (1, 2), (2, 1)]:
+                write_run(f"{model}/{lr}/{nodes}x{gpus}", model=model, dataset=dataset,
+                          optimizer=optimizer, lr=lr, world_size=nodes * gpus, num_nodes=nodes,
+                          images_per_sec=(1000.0 * (gpus + nodes - 1) ** 0.9 / nodes,) * 3)
+    figures, save = [], plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or save(fig, path))
+    analysis = analyse([sweep_dir])
+    palette = plots.line_palette(analysis.configs, analysis.scaling)
+    plots.plot_scaling(analysis.scaling, "weak", tmp_path / "weak.png", palette)
+    plots.plot_throughput(analysis.configs, tmp_path / "throughput.png", palette)
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        assert len(fig.legends[0].get_texts()) >= 12  # one column: the labels are long
+        for ax in fig.axes:
+            frame = ax.get_window_extent(renderer)
+            assert frame.height / fig.dpi > 3.3
+            assert ax.yaxis.label.get_window_extent(renderer).height < frame.height
