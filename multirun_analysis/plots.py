@@ -235,8 +235,14 @@ def plot_curves(
         runs_line.drop_duplicates("line")
         .set_index("line")
         .assign(final=runs_line.groupby("line").final_val_acc.mean())
+        # Labelled among all configurations, as the other plots label their lines: labelled
+        # among those shown, a model that the best all share but others do not went unnamed.
+        # A label cut short keeps the world size, which the curves are there to compare.
+        .pipe(lambda d: d.assign(
+            label=_labels(d, keys, always=("world_size",) if d.world_size.nunique() > 1 else ()),
+            colour=_line_key(d, "weak").map(palette),
+        ))
         .nlargest(MAX_LINES, "final")
-        .pipe(lambda d: d.assign(label=_labels(d, keys), colour=_line_key(d, "weak").map(palette)))
         .sort_values(["colour", *WORLD], kind="stable")  # listed as the other legends are
     )
     layouts = lines[list(WORLD)].drop_duplicates().sort_values(list(WORLD)).apply(tuple, axis=1)

@@ -816,3 +816,30 @@ def test_a_long_legend_leaves_the_axes_their_height(tmp_path, monkeypatch):
             frame = ax.get_window_extent(renderer)
             assert frame.height / fig.dpi > 3.3
             assert ax.yaxis.label.get_window_extent(renderer).height < frame.height
+
+
+def test_the_curves_name_what_their_best_configurations_share_that_others_do_not(
+    tmp_path, monkeypatch
+):
+    """The curves show the 12 most accurate of 13 configurations, all of one model: labelled
+    from those twelve alone, no label named the model, though the sweep ran two (the throughput
+    and scaling plots label their lines among all of them). Labels of every setting run past
+    100 characters here; cut short, they keep the world size."""
+    from multirun_analysis import plots
+
+    sweep_dir, write_run = new_sweep(tmp_path)
+    write_run("cnn", model="cnn", val_acc=[0.5, 0.6, 0.7])
+    for lr in (0.1, 0.05, 0.02, 0.01):
+        for nodes, gpus in [(1, 1), (1, 2), (2, 1)]:
+            write_run(f"wrn/{lr}/{nodes}x{gpus}", model="wide_resnet", dataset="cifar10",
+                      optimizer="adamw", lr=lr, world_size=nodes * gpus, num_nodes=nodes,
+                      val_acc=[0.5, 0.7, 0.8])
+    analysis = analyse([sweep_dir])
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    palette = plots.line_palette(analysis.configs, analysis.scaling)
+    plots.plot_curves(analysis.epochs, analysis.runs, tmp_path / "curves.png", palette)
+    labels = [text.get_text() for text in figures[0].legends[0].get_texts()]
+    assert len(labels) == 12
+    assert all(label.startswith("model=wide_resnet, ") for label in labels), labels
+    assert all(re.search(r"ws=[12]\b", label) for label in labels), labels
