@@ -470,8 +470,7 @@ class MemoryBatches:
         return torch.tensor(list(self.sampler), dtype=torch.long)
 
     def __len__(self) -> int:
-        n = len(self.sampler)
-        return n // self.batch_size if self.sampler.drop_last else -(-n // self.batch_size)
+        return len(self.sizes())
 
     def sizes(self) -> list[int]:
         """Examples in each of an epoch's batches, in order."""
