@@ -61,8 +61,8 @@ def case_names(text: str) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="distributed.device (default cuda)")
-    p.add_argument("--cases", type=case_names, default=list(CASES),
-                   help=f"comma-separated, from {', '.join(CASES)} (default: all; fp16 needs CUDA)")
+    p.add_argument("--cases", type=case_names, default=None,
+                   help=f"comma-separated, from {', '.join(CASES)} (default: all the device runs; fp16 needs CUDA)")
     p.add_argument("--epochs", type=at_least(2, "epoch 1 is warm-up"), default=4)
     p.add_argument("--train-size", type=at_least(1), default=None, help="training images (default: all 60,000)")
     p.add_argument("--val-size", type=at_least(1), default=None, help="validation images (default: all 10,000)")
@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=output_file, default=None, help="also write the figures to this JSON file")
     p.add_argument("--timeout", type=seconds, default=600, help="seconds allowed per run")
     args = p.parse_args(argv)
+    if args.cases is None:  # every case, less those the device cannot run: --device cpu alone works
+        args.cases = [name for name in CASES if args.device == "cuda" or name not in CUDA_ONLY]
     if args.device == "cpu" and CUDA_ONLY & set(args.cases):
         p.error(f"--cases {','.join(sorted(CUDA_ONLY & set(args.cases)))} needs --device cuda")
     if args.device == "cuda":
@@ -80,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
         if not torch.cuda.is_available():
             p.error("--device cuda: no CUDA device is visible here; on a machine without a GPU, "
-                    "--device cpu runs the same cases (a smaller --train-size keeps it short)")
+                    "--device cpu runs the same cases but fp16 (a smaller --train-size keeps it short)")
     if args.data_root:
         args.data_root = str(Path(args.data_root).expanduser().resolve())
     return args

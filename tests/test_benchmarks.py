@@ -558,6 +558,15 @@ def test_gpu_benchmark_without_a_gpu_says_to_use_the_cpu():
     assert "--device cuda: no CUDA device is visible here" in _refused("bench_gpu.py")
 
 
+def test_gpu_benchmark_on_the_cpu_runs_every_case_the_cpu_can():
+    # the no-CUDA message sends the user to --device cpu, which refused its own default
+    # cases ("--cases fp16 needs --device cuda", though no --cases was given)
+    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "bench_gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    assert gpu.parse_args(["--device", "cpu"]).cases == [name for name in gpu.CASES if name != "fp16"]
+
+
 def test_gpu_benchmark_runs_train_py_on_both_data_paths_and_fails_a_check_that_does_not_hold(fmnist_root, tmp_path):
     # the device check runs on a GPU machine lent now and then: its plumbing is tested here,
     # on the CPU, with a val_acc bar no 2-epoch run on 512 images clears
