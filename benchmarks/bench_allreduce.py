@@ -90,12 +90,14 @@ def measure(args: argparse.Namespace) -> dict:
     wrong = sum(r[2] for r in ranks)
     if wrong:
         raise SystemExit(f"{wrong} all-reduce results differed from the exact mean")
-    figures = {}
-    for kind in ranks[0][1]:
-        slower = [max(a, b) for a, b in zip(ranks[0][1][kind], ranks[1][1][kind])]  # per round
-        deciles = statistics.quantiles(slower, n=10) if len(slower) > 1 else slower * 9
-        figures[kind] = {"median_ms": 1e3 * statistics.median(slower), "p90_ms": 1e3 * deciles[-1]}
+    figures = {kind: round_figures([max(a, b) for a, b in zip(ranks[0][1][kind], ranks[1][1][kind])])
+               for kind in ranks[0][1]}  # each round as long as the slower rank took
     return {"numel": args.numel, "megabytes": 4 * args.numel / 1e6, "rounds": args.rounds, "figures": figures}
+
+
+def round_figures(seconds: list[float]) -> dict:
+    """Median and 90th percentile (ms) of the rounds' times."""
+    return {"median_ms": 1e3 * statistics.median(seconds), "p90_ms": 1e3 * bt.cut_points(seconds, 10)[-1]}
 
 
 def report(r: dict) -> None:

@@ -34,7 +34,7 @@ BLOCK = 5  # steps per block for the correlation
 
 def spread(durations: list[float]) -> dict:
     """Mean (ms), standard deviation as a share of the mean, p10 and p90 (ms)."""
-    deciles = statistics.quantiles(durations, n=10) if len(durations) > 1 else durations * 9
+    deciles = bt.cut_points(durations, 10)
     return {"mean_ms": 1e3 * statistics.mean(durations),
             "stdev_share": statistics.pstdev(durations) / statistics.mean(durations),
             "p10_ms": 1e3 * deciles[0], "p90_ms": 1e3 * deciles[-1]}

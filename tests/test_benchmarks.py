@@ -149,6 +149,14 @@ def test_summary_judges_the_targets_from_the_figures(ddp2, met):
     assert f["targets"]["start-up <= bare + 3 s (1 worker)"] is True
 
 
+def test_rounds_quartiles_lie_within_the_rounds():
+    # statistics.quantiles' default extrapolates: the quick run's 2 rounds, 0.59 and 0.85,
+    # printed quartiles 0.53 / 0.72 / 0.92
+    ratios = sorted([1500 / 1600, 1560 / 1620])
+    q = bench.summarise(_full_cases(1560.0, 1600.0), STARTUP)["interleaved_synced_vs_unsynced_rounds"]
+    assert ratios[0] <= q[0] <= q[1] <= q[2] <= ratios[1]
+
+
 def test_report_prints_every_comparison(capsys):
     cases = _full_cases(1560.0, 1600.0)
     report = {"machine": {"loadavg_end": (0.1, 0.1, 0.1)},
@@ -307,6 +315,12 @@ def test_spread_of_step_times():
     assert s["stdev_share"] == pytest.approx(1 / 3)
 
 
+def test_spread_percentiles_lie_within_the_steps_timed():
+    # a smoke run's few steps: the default quantiles put p10 at -440 ms here
+    s = jitter.spread([0.1, 1.0, 1.0])
+    assert 100.0 <= s["p10_ms"] <= s["p90_ms"] <= 1000.0
+
+
 def test_block_correlation_of_processes_that_wander_together_or_apart():
     slow_fast = [0.2] * 5 + [0.1] * 5 + [0.2] * 5 + [0.1] * 5
     fast_slow = [0.1] * 5 + [0.2] * 5 + [0.1] * 5 + [0.2] * 5
@@ -388,6 +402,15 @@ def test_allreduce_benchmark_sizes_its_tensor_as_the_cnn_gradient():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.cnn_gradient_numel() == 1_199_882  # 4.8 MB, the README's figure
+
+
+def test_allreduce_p90_is_no_slower_than_the_slowest_round():
+    spec = importlib.util.spec_from_file_location("bench_allreduce", REPO / "benchmarks" / "bench_allreduce.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    r = module.round_figures([0.001, 0.002, 0.002, 0.003, 0.010])  # --rounds 5, the smoke run
+    assert r["median_ms"] == pytest.approx(2.0)
+    assert 3.0 <= r["p90_ms"] <= 10.0  # the default quantiles gave 12.8
 
 
 def test_analysis_benchmark_reads_every_generated_row():
