@@ -77,6 +77,7 @@ MEAN, STD = 0.2860, 0.3530  # conf/data/fashion_mnist.yaml
 LR = 0.05  # conf/optim/sgd.yaml
 RAW_STEMS = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte",
              "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]  # each plain or .gz, as train.py reads them
+TRAIN_IMAGES, VAL_IMAGES = 60_000, 10_000  # Fashion-MNIST's splits
 TARGETS = {"vs_textbook": 1.25, "vs_limit": 0.95, "startup_s": 3.0}
 MODES = ("synced", "unsynced", "lockstep")  # the interleaved case's kinds of block
 INTERVAL_LEVEL = 0.9  # of the bootstrap intervals printed beside the weak-scaling ratios
@@ -824,7 +825,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                ("repeats", 3, 1), ("startup_repeats", 3, 1)]:
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else normal)
+    if args.worker is None:  # else train.py refused these after the first case had run, naming its own keys
+        refuse_beyond_data(p, "--steps", args.steps, args.batch_size)
+        refuse_beyond_data(p, "--block-steps", args.block_steps, args.batch_size, blocks=len(MODES))
+        if args.val_size > VAL_IMAGES:
+            p.error(f"argument --val-size: {args.val_size:,} is more than Fashion-MNIST's {VAL_IMAGES:,} "
+                    f"validation images; give --val-size {VAL_IMAGES} or less")
     return args
+
+
+def refuse_beyond_data(p: argparse.ArgumentParser, flag: str, steps: int, batch: int, blocks: int = 1,
+                       extra_steps: int = 0) -> None:
+    """Exit as argparse does when 2 processes of `blocks` x `flag` (+ `extra_steps`) steps of
+    --batch-size would need more than Fashion-MNIST's training images: their shards would
+    run out, each process training fewer steps than asked (or stopping mid-block)."""
+    steps_per_process = blocks * steps + extra_steps
+    if 2 * steps_per_process * batch > TRAIN_IMAGES:
+        what = (f"{flag} {steps}" if blocks == 1 else f"{blocks} blocks of {flag} {steps}") + (
+            f" + {extra_steps} warm-up" if extra_steps else "")
+        most = (TRAIN_IMAGES // (2 * batch) - extra_steps) // blocks
+        p.error(f"{what} steps x --batch-size {batch} x 2 processes is {2 * steps_per_process * batch:,} "
+                f"training images, more than Fashion-MNIST's {TRAIN_IMAGES:,}; lower {flag} or --batch-size ("
+                + (f"{flag} {most} at most at --batch-size {batch})" if most >= 1 else
+                   f"--batch-size {TRAIN_IMAGES // (2 * (blocks + extra_steps))} at most)"))
 
 
 def report_and_save(figures: dict, report, path: Path | None) -> None:

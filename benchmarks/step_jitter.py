@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: data/, then ../shared/data)")
     p.add_argument("--json", type=output_file, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
+    bt.refuse_beyond_data(p, "--steps", args.steps, args.batch_size, extra_steps=WARMUP_STEPS)
     args.data_root = str(bt.find_raw(args.data_root).parent.parent)
     bt.report_and_save(measure(args), report, args.json)
     return 0

@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: data/, then ../shared/data)")
     p.add_argument("--json", type=output_file, default=None, help="also write the figures to this JSON file")
     args = p.parse_args(argv)
+    bt.refuse_beyond_data(p, "--block-steps", args.block_steps, args.batch_size, blocks=len(KINDS))
     args.data_root = str(bt.find_raw(args.data_root).parent.parent)
     args.procs = 2
     bt.report_and_save(measure(args), report, args.json)

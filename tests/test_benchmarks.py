@@ -458,6 +458,9 @@ def _refused(script: str, *args: str, cwd=None) -> str:
     ("step_phases.py", ["--block-steps", "1"],
      "argument --block-steps: must be an integer >= 2, got 1: the first step of each block is left out"),
     ("step_phases.py", ["--batch-size", "x"], "argument --batch-size: must be an integer >= 1, got 'x'"),
+    ("step_jitter.py", ["--steps", "230"], "--steps 230 + 5 warm-up steps x --batch-size 128 x 2 processes is "
+                                           "60,160 training images"),  # its last step had 48 images
+    ("step_phases.py", ["--block-steps", "59"], "4 blocks of --block-steps 59 steps x --batch-size 128"),
     ("bench_analysis.py", ["--runs", "0"], "argument --runs: must be an integer >= 1"),
     ("bench_analysis.py", ["--runs", "-5"], "argument --runs: must be an integer >= 1"),
     ("bench_analysis.py", ["--epochs", "0"], "argument --epochs: must be an integer >= 1"),
@@ -477,6 +480,23 @@ def test_bench_training_takes_defaults_only_for_absent_options():
     assert (args.steps, args.rounds, args.block_steps, args.repeats, args.startup_repeats) == (7, 2, 2, 1, 1)
     args = bench.parse_args([])
     assert (args.steps, args.rounds, args.block_steps, args.repeats, args.startup_repeats) == (60, 16, 5, 3, 3)
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--steps", "235"], "--steps 235 steps x --batch-size 128 x 2 processes is 60,160 training images, more "
+                         "than Fashion-MNIST's 60,000; lower --steps or --batch-size (--steps 234 at most at"),
+    (["--batch-size", "512"], "--steps 60 steps x --batch-size 512 x 2 processes is 61,440 training images"),
+    (["--quick", "--batch-size", "30001"], "lower --steps or --batch-size (--batch-size 30000 at most)"),
+    (["--block-steps", "79"], "3 blocks of --block-steps 79 steps x --batch-size 128 x 2 processes is 60,672"),
+    (["--val-size", "10001"], "argument --val-size: 10,001 is more than Fashion-MNIST's 10,000 validation images"),
+])
+def test_bench_training_refuses_more_images_than_fashion_mnist_has(args, error, capsys):
+    # train.py refused them only after the limit's case had run, naming data.train_size
+    # or data.val_size, keys the benchmark's user never set; the limit's processes, reading
+    # the first steps x batch x 2 images, had quietly trained fewer steps than asked
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(args)
+    assert exc.value.code == 2 and error in capsys.readouterr().err
 
 
 _SMALL = {  # the smallest run of each, so that a check that comes too late costs little
