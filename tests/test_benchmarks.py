@@ -595,6 +595,10 @@ def test_data_file_contents_read_the_same_plain_or_gzipped(tmp_path):
 
 # --------------------------------------------------------------------------- one GPU
 
+_gspec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "bench_gpu.py")
+gpu = importlib.util.module_from_spec(_gspec)
+_gspec.loader.exec_module(gpu)
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_gpu_benchmark_without_a_gpu_says_to_use_the_cpu():
@@ -604,10 +608,15 @@ def test_gpu_benchmark_without_a_gpu_says_to_use_the_cpu():
 def test_gpu_benchmark_on_the_cpu_runs_every_case_the_cpu_can():
     # the no-CUDA message sends the user to --device cpu, which refused its own default
     # cases ("--cases fp16 needs --device cuda", though no --cases was given)
-    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "bench_gpu.py")
-    gpu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu)
     assert gpu.parse_args(["--device", "cpu"]).cases == [name for name in gpu.CASES if name != "fp16"]
+
+
+def test_gpu_benchmark_names_its_fastest_full_epoch_and_the_aim():
+    results = {"fp32": {"case": "fp32", "train_count": 60000, "best_epoch_s": 1.4},
+               "bf16-512": {"case": "bf16-512", "train_count": 60000, "best_epoch_s": 0.8},
+               "compile": {"case": "compile", "train_count": 2048, "best_epoch_s": 0.1}}  # no full epoch
+    assert gpu.fastest_full_epoch(results) == {"case": "bf16-512", "epoch_s": 0.8, "aim_s": 1.0, "aim_met": True}
+    assert gpu.fastest_full_epoch({"compile": results["compile"]}) is None
 
 
 def test_gpu_benchmark_runs_train_py_on_both_data_paths_and_fails_a_check_that_does_not_hold(fmnist_root, tmp_path):
@@ -623,6 +632,7 @@ def test_gpu_benchmark_runs_train_py_on_both_data_paths_and_fails_a_check_that_d
     assert "[ok] in-memory and DataLoader paths agree" in proc.stdout
     assert "fastest full epoch" not in proc.stdout  # 512 images are no full epoch
     figures = json.loads(out.read_text())
+    assert figures["fastest_full_epoch"] is None  # the headline, printed when there is one, is in the JSON too
     for name in ("fp32", "dataloader"):
         r = figures["results"][name]
         assert (r["device"], r["train_count"]) == ("cpu", 512)
