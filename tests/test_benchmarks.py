@@ -302,6 +302,18 @@ def test_textbook_loop_trains_and_reports(fmnist_root, tmp_path):
     assert row["epoch"] == 1 and row["images_per_sec"] > 0 and row["threads"] == 1
 
 
+def test_bare_script_prepares_what_ddpscales_one_step_run_trains_on(fmnist_root):
+    # the start-up baseline normalised all 60,000 images (0.3-0.7 s) where train.py with
+    # data.train_size=batch normalises its batch: ddpscale's overhead read that much low
+    from ddpscale.config import DataConfig
+    from ddpscale.data import load_split, normalised
+
+    x, y = bench.bare_batch(fmnist_root / "FashionMNIST" / "raw", 32)
+    data = DataConfig(name="fashion_mnist", root=str(fmnist_root), train_size=32, mean=bench.MEAN, std=bench.STD)
+    split = load_split(data, train=True)
+    assert torch.equal(x, normalised(split, data)) and torch.equal(y, split.labels)
+
+
 # --------------------------------------------------------------------------- step_jitter.py
 
 _jspec = importlib.util.spec_from_file_location("step_jitter", REPO / "benchmarks" / "step_jitter.py")
