@@ -453,7 +453,8 @@ def print_header(args: argparse.Namespace, m: dict) -> None:
     if m["loadavg_start"][0] > 0.5 * (m["usable_cores"] or 1):
         print("warning : other work is running on this machine; every figure below is lowered and noisy")
     print(f"settings: default CNN, batch {args.batch_size} per worker, {args.steps} steps per worker "
-          f"per epoch, epoch 2 timed (epoch 1 warm-up), best of {args.repeats}; start-up median of "
+          f"per epoch, epoch 2 timed (epoch 1 warm-up), best of {args.repeats} (of {2 * args.repeats} for "
+          f"the limit, lock-step and ddpscale 2 workers, run twice a repeat); start-up median of "
           f"{args.startup_repeats}\n", flush=True)
 
 

@@ -185,6 +185,14 @@ def test_report_names_what_its_figures_are_compared_with(capsys):
     assert "textbook loop at about 0.84 of this limit" in out
 
 
+def test_header_counts_the_runs_each_best_is_taken_from(capsys):
+    # the headline cases run twice a repeat: their best is of 6 runs, the others' of 3
+    machine = {"cpu": "x", "logical_cores": 2, "usable_cores": 2, "python": "3", "omp_num_threads_env": None,
+               "versions": {"torch": "t", "torchvision": "v"}, "loadavg_start": (0.1, 0.1, 0.1)}
+    bench.print_header(bench.parse_args([]), machine)
+    assert "best of 3 (of 6 for the limit, lock-step and ddpscale 2 workers" in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------- Meeting
 
 
