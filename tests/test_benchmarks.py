@@ -170,6 +170,9 @@ def test_report_prints_every_comparison(capsys):
         assert heading in out
     assert "ratio ddpscale / textbook, 2 workers: 1.95x" in out  # 1560 / 800
     assert out.count("bootstrap interval") == 3  # beside both weak-scaling verdicts and ddpscale / lock-step
+    # the target stands beside the figure judged against it, not beside the ratio of two bests
+    assert "ddpscale 2 workers / limit        : 0.975   (best / best)" in out  # 1560 / 1600
+    assert "same, median of paired repeats    : 0.975   (target >= 0.95; 90% bootstrap" in out
 
 
 def test_report_names_what_its_figures_are_compared_with(capsys):
