@@ -48,10 +48,10 @@ from omegaconf import DictConfig  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))  # run from a checkout, too
 
 import ddpscale.config  # noqa: E402,F401  (importing it registers the schema)
-from ddpscale.distributed import (  # noqa: E402
+from ddpscale.launch import run_job  # noqa: E402
+from ddpscale.placement import (  # noqa: E402
     SPAWN, detect_launcher, exit_finished_worker, launch_environment_problem,
 )
-from ddpscale.launch import run_job  # noqa: E402
 from ddpscale.sweep import command_line_problem, register_resolvers  # noqa: E402
 from ddpscale.worker import train  # noqa: E402  (the workers' body)
 

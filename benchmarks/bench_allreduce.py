@@ -49,7 +49,8 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from ddpscale.distributed import Placement, Rendezvous, configure_cpu_worker, process_group
+    from ddpscale.distributed import configure_cpu_worker, process_group
+    from ddpscale.placement import Placement, Rendezvous
     from ddpscale.shm_allreduce import SharedMemoryAllreduce, chunk_bytes_for
 
     world = 2

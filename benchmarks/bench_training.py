@@ -697,8 +697,8 @@ def interleaved_worker(rank: int, args: argparse.Namespace, port: int, queue, fl
     import torch.distributed as dist
 
     from ddpscale.config import DistributedConfig
-    from ddpscale.distributed import (Placement, Rendezvous, WorkerContext, process_group,
-                                      wrap_ddp)
+    from ddpscale.distributed import process_group, wrap_ddp
+    from ddpscale.placement import Placement, Rendezvous, WorkerContext
 
     placement = Placement(rank=rank, local_rank=rank, world_size=args.procs,
                           local_world_size=args.procs, node_id=0)
@@ -729,8 +729,8 @@ def interleaved_worker(rank: int, args: argparse.Namespace, port: int, queue, fl
 
 def _exit_worker() -> None:
     """Leave as ddpscale's workers do: a normal exit aborts about once in 60 in C++
-    teardown (ddpscale.distributed.exit_finished_worker), which would fail the run."""
-    from ddpscale.distributed import exit_finished_worker
+    teardown (ddpscale.placement.exit_finished_worker), which would fail the run."""
+    from ddpscale.placement import exit_finished_worker
 
     exit_finished_worker()
 

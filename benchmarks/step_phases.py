@@ -80,8 +80,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int, queue, flags) -> Non
 
     from ddpscale import shm_allreduce
     from ddpscale.config import DistributedConfig
-    from ddpscale.distributed import (Placement, Rendezvous, WorkerContext, process_group,
-                                      wrap_ddp)
+    from ddpscale.distributed import process_group, wrap_ddp
+    from ddpscale.placement import Placement, Rendezvous, WorkerContext
 
     placement = Placement(rank=rank, local_rank=rank, world_size=args.procs,
                           local_world_size=args.procs, node_id=0)

@@ -35,7 +35,7 @@ from torchvision import datasets, transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from ddpscale.config import CNNConfig, DataConfig  # noqa: E402
-from ddpscale.distributed import exit_finished_worker  # noqa: E402
+from ddpscale.placement import exit_finished_worker  # noqa: E402
 from ddpscale.models import CNN  # noqa: E402
 
 from bench_args import at_least  # noqa: E402  (benchmarks/, this script's own folder)
@@ -79,7 +79,7 @@ def worker(rank: int, world_size: int, args: argparse.Namespace) -> None:
             }), flush=True)
     dist.destroy_process_group()
     # Not part of the recipe: leave without C++ teardown, which aborts about one exit in
-    # 60 (see ddpscale.distributed) and would fail a benchmark run that is already timed.
+    # 60 (see ddpscale.placement) and would fail a benchmark run that is already timed.
     exit_finished_worker()
 
 

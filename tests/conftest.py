@@ -48,7 +48,7 @@ def spawn(fn, args: tuple, nprocs: int) -> None:
     """torch.multiprocessing.spawn whose workers leave as the launcher's do.
 
     A worker ending the normal way aborts about once in 60 exits in a library's C++
-    teardown (see ddpscale.distributed.exit_finished_worker) and failed this suite at
+    teardown (see ddpscale.placement.exit_finished_worker) and failed this suite at
     random; leaving this way, 150 two-worker runs of test_ddp.shards had none.
     """
     import torch.multiprocessing as mp
@@ -57,7 +57,7 @@ def spawn(fn, args: tuple, nprocs: int) -> None:
 
 
 def _run_then_exit(rank: int, fn, *args) -> None:
-    from ddpscale.distributed import exit_finished_worker
+    from ddpscale.placement import exit_finished_worker
 
     fn(rank, *args)
     exit_finished_worker()

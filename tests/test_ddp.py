@@ -11,7 +11,8 @@ import torch
 from conftest import QUICK, fashion_mnist_root, output, read_rows, read_run, run_train, spawn
 from ddpscale.config import ConfigError, DataConfig
 from ddpscale.data import DATASETS, Split, build_data, load_split, prepare
-from ddpscale.distributed import Placement, Rendezvous, host_store, process_group
+from ddpscale.distributed import host_store, process_group
+from ddpscale.placement import Placement, Rendezvous
 
 # results.csv's required columns in DESIGN.md's order (a contract: more may follow, none renamed)
 DESIGN_COLUMNS = [

@@ -12,11 +12,10 @@ import torch
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train, spawn
 from ddpscale.config import CNNConfig, DataConfig
 from ddpscale.data import build_data, load_split
-from ddpscale.distributed import (
-    Placement, Rendezvous, WorkerContext, cpu_threads, host_store, process_group, wrap_ddp,
-)
+from ddpscale.distributed import cpu_threads, host_store, process_group, wrap_ddp
 from ddpscale.config import DistributedConfig
 from ddpscale.models import CNN
+from ddpscale.placement import Placement, Rendezvous, WorkerContext
 from ddpscale.results import Reporter
 from ddpscale.trainer import Trainer, sync_share
 
@@ -195,6 +194,7 @@ sys.path.insert(0, {src!r})
 from ddpscale.config import CNNConfig, DataConfig
 from ddpscale.distributed import configure_cpu_worker
 from ddpscale.models import CNN
+from ddpscale.placement import Placement, Rendezvous, WorkerContext
 if not {cache}:
     assert ctypes.CDLL("libc.so.6").mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD, fixed
 configure_cpu_worker(1, threads=1, malloc_cache={cache})

@@ -15,8 +15,8 @@ import pytest
 
 from conftest import QUICK, REPO, alive, descendants, output, read_rows, read_run, run_train
 from ddpscale.config import ConfigError
-from ddpscale.distributed import (check_master_addr, cpu_threads, detect_launcher, free_port, host_store,
-                                  launch_environment_problem, slurm_task_cpus)
+from ddpscale.distributed import check_master_addr, cpu_threads, free_port, host_store
+from ddpscale.placement import detect_launcher, launch_environment_problem, slurm_task_cpus
 
 pytestmark = pytest.mark.slow
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]

@@ -12,7 +12,8 @@ import torch
 
 from conftest import QUICK, output, read_rows, read_run, run_train, spawn
 from ddpscale.config import ConfigError
-from ddpscale.distributed import Placement, Rendezvous, host_store, process_group, resolve_comm_hook
+from ddpscale.distributed import host_store, process_group, resolve_comm_hook
+from ddpscale.placement import Placement, Rendezvous
 from ddpscale.shm_allreduce import SharedMemoryAllreduce, supported
 
 pytestmark = pytest.mark.skipif(not supported(), reason="needs Linux on x86-64 with a writable /dev/shm")
@@ -157,7 +158,8 @@ def _no_segment(rank: int, port: int, comm_hook: str, failure: str, shm_dir: str
 
     from ddpscale import shm_allreduce
     from ddpscale.config import DistributedConfig
-    from ddpscale.distributed import WorkerContext, wrap_ddp
+    from ddpscale.distributed import wrap_ddp
+    from ddpscale.placement import WorkerContext
 
     shm_allreduce.SHM_DIR = Path(shm_dir)
     if failure == "full":

@@ -14,7 +14,8 @@ import torch
 from conftest import spawn
 from ddpscale.config import CNNConfig, ConfigError, DataConfig, DistributedConfig, SGDConfig, WideResNetConfig
 from ddpscale.data import build_data
-from ddpscale.distributed import Placement, Rendezvous, WorkerContext, host_store, process_group, wrap_ddp
+from ddpscale.distributed import host_store, process_group, wrap_ddp
+from ddpscale.placement import Placement, Rendezvous, WorkerContext
 from ddpscale.models import CNN, WideResNet
 from ddpscale.optim import SCHEDULES, build_scheduler
 from ddpscale.results import Reporter

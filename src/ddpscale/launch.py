@@ -33,23 +33,28 @@ from ddpscale.config import (
     Config, ConfigError, as_dict, disagreement, registered, shared_settings, to_config, validate,
     validate_for_device,
 )
+from ddpscale.placement import (
+    SLURM, SPAWN, STOP_SIGNALS, TORCHRUN, Placement, Rendezvous, WorkerContext, detect_launcher,
+    exit_finished_worker, holds_global_rank0, launched_placement, launched_rendezvous, slurm_rendezvous,
+    slurm_task_cpus, spawn_placement,
+)
 from ddpscale.results import RunRecord, earlier_run, taken_message
 
 log = logging.getLogger("ddpscale")
 
 # worker body: (context, config, output directory) -> summary dict for run.json (rank 0)
-WorkerFn = Callable[[ddist.WorkerContext, Config, Path], dict[str, Any]]
+WorkerFn = Callable[[WorkerContext, Config, Path], dict[str, Any]]
 
 
 def catch_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
     """Install `handler` for every stop signal not ignored now; the handlers it replaced, to
     give back to `restore_signals` (the job here, the local sweep in the slurm launcher).
 
-    The stop signals (ddist.STOP_SIGNALS) are Ctrl-C, kill, and SIGHUP (the terminal closed
+    The stop signals (STOP_SIGNALS) are Ctrl-C, kill, and SIGHUP (the terminal closed
     or the SSH connection dropped), which would otherwise end the job process at once and
     leave run.json saying "running". One ignored when the job starts (SIGHUP under nohup)
     stays ignored, in the job and in its workers."""
-    return {s: signal.signal(s, handler) for s in ddist.STOP_SIGNALS
+    return {s: signal.signal(s, handler) for s in STOP_SIGNALS
             if signal.getsignal(s) is not signal.SIG_IGN}
 
 
@@ -91,7 +96,7 @@ class Plan:
     device: str
     backend: str
     launcher: str
-    rendezvous: ddist.Rendezvous | None
+    rendezvous: Rendezvous | None
 
 
 def run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]) -> Outcome:
@@ -120,11 +125,11 @@ def resume_collector() -> None:
 
 def _run_job(raw_cfg: Any, worker: WorkerFn, out_dir: Path, overrides: list[str]) -> Outcome:
     resume_collector()  # the job process, or under torchrun/SLURM the worker itself
-    launcher = ddist.detect_launcher()
+    launcher = detect_launcher()
     record = None
     try:
-        placement = None if launcher == ddist.SPAWN else ddist.launched_placement(launcher)
-        holds_rank0 = ddist.holds_global_rank0(node_id(raw_cfg))
+        placement = None if launcher == SPAWN else launched_placement(launcher)
+        holds_rank0 = holds_global_rank0(node_id(raw_cfg))
         found = earlier_run(out_dir) if holds_rank0 else []
         if found:  # two jobs given one directory (sweep.FreshOutputDir catches a reused one sooner)
             message = taken_message(str(out_dir), found, "give every job its own directory "
@@ -190,7 +195,7 @@ def _start(raw_cfg, worker, out_dir, overrides, launcher, placement, holds_rank0
     comm_hook = ddist.resolve_comm_hook(d.comm_hook, device, _world(cfg), d.num_nodes)
     if record:
         record.update(grad_allreduce=comm_hook, usable_cores=ddist.usable_cores())
-    if launcher == ddist.SPAWN:
+    if launcher == SPAWN:
         data_lib.prepare(cfg.data, _world(cfg))
         return _spawn(cfg, worker, out_dir, device, backend)
     return _in_place(cfg, worker, out_dir, device, backend, launcher, placement)
@@ -211,11 +216,11 @@ def _check_registered(cfg: Config) -> None:
 def _notices(cfg: Config, device: str, launcher: str) -> None:
     """Settings that run, but cannot do what they seem to: say so once, and go on."""
     d, cores, threads = cfg.distributed, ddist.usable_cores(), cfg.train.threads
-    if launcher == ddist.SPAWN and device == "cpu" and d.num_gpus > cores:
+    if launcher == SPAWN and device == "cpu" and d.num_gpus > cores:
         log.info("notice: %d CPU workers share %d core(s) here; past %d worker(s) more cannot "
                  "raise throughput, so a scaling study on this machine should stop at "
                  "distributed.num_gpus=%d", d.num_gpus, cores, cores, cores)
-    elif launcher == ddist.SPAWN and device == "cpu" and threads and threads * d.num_gpus > cores:
+    elif launcher == SPAWN and device == "cpu" and threads and threads * d.num_gpus > cores:
         log.info("notice: train.threads=%d x %d worker(s) is %d threads on %d core(s): they take "
                  "turns, which slows every step; train.threads=null gives each worker %d",
                  threads, d.num_gpus, threads * d.num_gpus, cores, max(1, cores // d.num_gpus))
@@ -259,7 +264,7 @@ def _world(cfg: Config) -> int:
     return cfg.distributed.num_nodes * cfg.distributed.num_gpus
 
 
-def _typed_config(raw_cfg: Any, launcher: str, placement: ddist.Placement | None) -> Config:
+def _typed_config(raw_cfg: Any, launcher: str, placement: Placement | None) -> Config:
     """Typed config with absolute data.root; under torchrun/SLURM the world comes from them."""
     cfg = to_config(raw_cfg)
     cfg.data.root = _original_path(os.path.expanduser(cfg.data.root))  # ~ first: then it is absolute
@@ -270,7 +275,7 @@ def _typed_config(raw_cfg: Any, launcher: str, placement: ddist.Placement | None
             log.info("notice: the launcher's world (%d process(es) per node x %d node(s)) "
                      "replaces distributed.num_gpus/num_nodes", launched[0], launched[1])
         d.num_gpus, d.num_nodes, d.node_id = launched
-        rendezvous = ddist.launched_rendezvous(launcher, d)
+        rendezvous = launched_rendezvous(launcher, d)
         d.master_addr, d.master_port = rendezvous.addr, rendezvous.port
     return cfg
 
@@ -307,7 +312,7 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
     port = store.port if store is not None else d.master_port
     if d.num_nodes > 1:
         ddist.check_nodes_agree(store, addr, port, d, shared_settings(cfg))
-    plan = Plan(cfg, str(out_dir), device, backend, ddist.SPAWN, ddist.Rendezvous(addr, port, d.timeout_s))
+    plan = Plan(cfg, str(out_dir), device, backend, SPAWN, Rendezvous(addr, port, d.timeout_s))
     log.info("starting %d worker(s) on node %d/%d (%s, %s), rendezvous %s:%d",
              d.num_gpus, d.node_id, d.num_nodes, device, backend, addr, port)
     fd, name = tempfile.mkstemp(prefix="ddpscale-summary-", suffix=".pt")
@@ -352,11 +357,11 @@ def _spawn_entry(local_rank: int, plan: Plan, worker: WorkerFn, summary_file: st
     # which torch's spawn wrapper takes quietly (the job process stops the run).
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     ddist.die_with_parent(parent_pid)
-    placement = ddist.spawn_placement(local_rank, plan.cfg.distributed)
+    placement = spawn_placement(local_rank, plan.cfg.distributed)
     summary = _run_worker(placement, plan, worker, hosts_store=False)
     if placement.is_main:
         torch.save(summary, summary_file)
-    ddist.exit_finished_worker()
+    exit_finished_worker()
 
 
 @contextlib.contextmanager
@@ -443,7 +448,7 @@ _STOP_SIGNALS = _StopSignals()
 
 def _in_place(cfg, worker, out_dir, device, backend, launcher, placement) -> dict:
     # torchrun's agent hosts the store (env://); under SLURM global rank 0 hosts it.
-    rendezvous = None if launcher == ddist.TORCHRUN else ddist.slurm_rendezvous(cfg.distributed)
+    rendezvous = None if launcher == TORCHRUN else slurm_rendezvous(cfg.distributed)
     if rendezvous is not None:
         ddist.check_master_addr(rendezvous.addr, hosts_store=placement.is_main)
     plan = Plan(cfg, str(out_dir), device, backend, launcher, rendezvous)
@@ -453,7 +458,7 @@ def _in_place(cfg, worker, out_dir, device, backend, launcher, placement) -> dic
 # --------------------------------------------------------------------------- every worker
 
 
-def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_store: bool) -> dict:
+def _run_worker(placement: Placement, plan: Plan, worker: WorkerFn, hosts_store: bool) -> dict:
     """Set up this worker's device, threads and process group, then run the body."""
     resume_collector()  # a spawned worker: it ran train.py's start-up again
     _configure_worker_logging(placement, plan)
@@ -462,21 +467,21 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
         device = torch.device("cuda", placement.local_rank)
     else:
         device = torch.device("cpu")
-        task_cpus = ddist.slurm_task_cpus() if plan.launcher == ddist.SLURM else None
+        task_cpus = slurm_task_cpus() if plan.launcher == SLURM else None
         ddist.configure_cpu_worker(placement.local_world_size, plan.cfg.train.threads,
                                    plan.cfg.train.malloc_cache, task_cpus)
-    ctx = ddist.WorkerContext(placement, device, plan.backend, plan.launcher)
+    ctx = WorkerContext(placement, device, plan.backend, plan.launcher)
     with ddist.process_group(placement, plan.backend, plan.rendezvous, hosts_store=hosts_store,
-                             launched=plan.launcher != ddist.SPAWN):
+                             launched=plan.launcher != SPAWN):
         out_dir = _agree_on_output_dir(Path(plan.out_dir), placement)
-        if plan.launcher != ddist.SPAWN:  # spawned workers share their job's config, checked across nodes
+        if plan.launcher != SPAWN:  # spawned workers share their job's config, checked across nodes
             _agree_on_settings(plan.cfg, placement)
         try:
-            if plan.launcher != ddist.SPAWN:
+            if plan.launcher != SPAWN:
                 _prepare_data_once(plan.cfg, placement)
             return _body(worker, ctx, plan.cfg, out_dir)
         except (Exception, Interrupted) as err:
-            if plan.launcher == ddist.SPAWN and placement.num_nodes == 1:
+            if plan.launcher == SPAWN and placement.num_nodes == 1:
                 raise  # the job process sees every worker and names the first to fail
             # torchrun, SLURM, or spawn on several nodes: each job process sees only its own
             # node's workers, and node 0's would record a symptom of another node's failure
@@ -484,7 +489,7 @@ def _run_worker(placement: ddist.Placement, plan: Plan, worker: WorkerFn, hosts_
             raise
 
 
-def _body(worker: WorkerFn, ctx: ddist.WorkerContext, cfg: Config, out_dir: Path) -> dict:
+def _body(worker: WorkerFn, ctx: WorkerContext, cfg: Config, out_dir: Path) -> dict:
     """The worker's training body; a sys.exit in it (a model's or a plugin's code) is a failure
     of this rank. It left the process with that code, often 0, saying nothing, and the other
     ranks then blamed it on the out-of-memory killer or a closed connection."""
@@ -495,7 +500,7 @@ def _body(worker: WorkerFn, ctx: ddist.WorkerContext, cfg: Config, out_dir: Path
                            "before the run finished") from None
 
 
-def _raise_first_stop(err: BaseException, run: str, placement: ddist.Placement, launcher: str) -> None:
+def _raise_first_stop(err: BaseException, run: str, placement: Placement, launcher: str) -> None:
     """Under torchrun/SLURM, or spawned on several nodes: post why this rank stopped; on
     global rank 0, raise the first rank's stop instead of its own when that came first.
     When a rank fails, torchrun SIGTERMs the others and gloo breaks their connections:
@@ -512,7 +517,7 @@ def _raise_first_stop(err: BaseException, run: str, placement: ddist.Placement, 
         return  # every rank's own: exit 2 for a config error; a Ctrl-C reached this rank too
     if first["kind"] == "failed":
         failure = ddist.PeerFailure(first["rank"], first["error"], first["traceback"])
-        if launcher == ddist.SPAWN:  # the job process gets this worker's traceback text only
+        if launcher == SPAWN:  # the job process gets this worker's traceback text only
             # indented, so that _raised_line still finds this exception's line, not rank N's
             peer = textwrap.indent(first["traceback"].rstrip(), "    ")
             failure.__notes__ = [f"rank {first['rank']}'s traceback:\n{peer}"]
@@ -520,14 +525,14 @@ def _raise_first_stop(err: BaseException, run: str, placement: ddist.Placement, 
     raise Interrupted(first["signum"], first["rank"]) from err
 
 
-def _agree_on_output_dir(out_dir: Path, placement: ddist.Placement) -> Path:
+def _agree_on_output_dir(out_dir: Path, placement: Placement) -> Path:
     """Every rank adopts global rank 0's output directory (Hydra gave each its own)."""
     shared = [str(out_dir)]
     dist.broadcast_object_list(shared, src=0)
     return Path(shared[0])
 
 
-def _agree_on_settings(cfg: Config, placement: ddist.Placement) -> None:
+def _agree_on_settings(cfg: Config, placement: Placement) -> None:
     """Under torchrun/SLURM every rank composed its own config: one given another optim.lr
     trained on silently (replicas apart, results.csv saying rank 0's), and one given other
     epochs or batches left the rest waiting in a collective for distributed.timeout_s."""
@@ -539,17 +544,17 @@ def _agree_on_settings(cfg: Config, placement: ddist.Placement) -> None:
                           "the same overrides")
 
 
-def _prepare_data_once(cfg: Config, placement: ddist.Placement) -> None:
+def _prepare_data_once(cfg: Config, placement: Placement) -> None:
     """Under torchrun/SLURM: local rank 0 of each node downloads, the others wait."""
     if placement.local_rank == 0:
         data_lib.prepare(cfg.data, placement.world_size)  # an error here ends this rank, and the launcher the rest
     dist.barrier()
 
 
-def _configure_worker_logging(placement: ddist.Placement, plan: Plan) -> None:
+def _configure_worker_logging(placement: Placement, plan: Plan) -> None:
     """Spawned workers start with no logging; rank 0 logs to the console and train.log."""
     root = logging.getLogger()
-    if plan.launcher != ddist.SPAWN:
+    if plan.launcher != SPAWN:
         return  # Hydra already configured this process
     root.setLevel(logging.INFO)
     fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")

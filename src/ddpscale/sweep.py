@@ -35,7 +35,7 @@ def claim_dir(base: str, create: bool = True) -> str:
     SLURM only global rank 0 claims one; the other ranks get a throwaway directory and
     adopt rank 0's once the process group is up. With `create` false, only the name.
     """
-    from ddpscale.distributed import SPAWN, detect_launcher, launched_placement
+    from ddpscale.placement import SPAWN, detect_launcher, launched_placement
 
     launcher = detect_launcher()
     if launcher != SPAWN and not launched_placement(launcher).is_main:
@@ -174,7 +174,7 @@ def refuse_a_sweep_in_every_worker(config: DictConfig) -> None:
     """Exit 2 for `-m` in a process that torchrun or srun started as one worker: every
     worker would run the whole sweep on its own, and a job that fails on one rank leaves
     the others waiting for it in the next job."""
-    from ddpscale.distributed import SPAWN, detect_launcher, launched_placement
+    from ddpscale.placement import SPAWN, detect_launcher, launched_placement
 
     launcher = detect_launcher()
     target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
@@ -234,8 +234,8 @@ def refuse_an_uncreatable_dir(config: DictConfig, mode: str) -> None:
 
 def refuse_a_used_dir(config: DictConfig, mode: str) -> None:
     """Exit 2 if hydra.<mode>.dir was given explicitly and holds run files (any depth for a sweep)."""
-    from ddpscale.distributed import holds_global_rank0
     from ddpscale.launch import node_id
+    from ddpscale.placement import holds_global_rank0
 
     raw = OmegaConf.to_container(config.hydra[mode], resolve=False)["dir"]
     if "${ddpscale_dir:" in str(raw) or not holds_global_rank0(node_id(config)):

@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpscale.data import DataBundle
-from ddpscale.distributed import WorkerContext
+from ddpscale.placement import WorkerContext
 from ddpscale.results import Reporter
 
 

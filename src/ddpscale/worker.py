@@ -15,9 +15,10 @@ import torch.distributed as dist
 
 from ddpscale.config import Config
 from ddpscale.data import build_data
-from ddpscale.distributed import WorkerContext, device_names, wrap_ddp
+from ddpscale.distributed import device_names, wrap_ddp
 from ddpscale.models import build_model
 from ddpscale.optim import build_optimizer, build_scheduler, warmup_steps
+from ddpscale.placement import WorkerContext
 from ddpscale.results import Reporter, settings_row
 from ddpscale.trainer import Diverged, Trainer, WrongLogits, build_precision
 
