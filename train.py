@@ -21,7 +21,7 @@ from pathlib import Path  # noqa: E402
 
 
 def _stop_quietly(signum, frame):
-    """Ctrl-C while no run is in progress (the 2 s of imports, Hydra composing the config,
+    """Ctrl-C while no run is in progress (the imports, Hydra composing the config,
     between a sweep's runs) ends the process with one line, not a KeyboardInterrupt
     traceback. Not through an exception: torch's C import swallows one and carries on."""
     if __name__ == "__main__":  # a spawned worker re-importing this file leaves silently
@@ -53,7 +53,10 @@ from ddpscale.placement import (  # noqa: E402
     SPAWN, detect_launcher, exit_finished_worker, launch_environment_problem,
 )
 from ddpscale.sweep import command_line_problem, register_resolvers  # noqa: E402
-from ddpscale.worker import train  # noqa: E402  (the workers' body)
+
+# The workers' body, by name: run_job imports it (and torch, 1.5 s) once a run starts, so that
+# a config it refuses is answered without torch.
+WORKER = "ddpscale.worker:train"
 
 if __name__ != "__main__":  # a spawned worker: its run's own handling from here on
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -73,7 +76,7 @@ if _problem:
 def main(cfg: DictConfig):
     """Validate the composed config, run the workers, report how it ended."""
     hydra_cfg = HydraConfig.get()
-    outcome = run_job(cfg, train, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+    outcome = run_job(cfg, WORKER, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
     if not outcome.ok and hydra_cfg.mode == RunMode.RUN:
         sys.exit(outcome.exit_code)
     return outcome  # in a sweep, a failed run is counted at the end, not fatal

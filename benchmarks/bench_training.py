@@ -552,7 +552,7 @@ def spawn_collect(fn, args: tuple, nprocs: int, queue, count: int) -> list:
     worker. A worker that fails ends the others and raises, as mp.spawn does."""
     import torch.multiprocessing as mp
 
-    from ddpscale.launch import end_processes
+    from ddpscale.workers import end_processes
 
     context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
     items: list = []

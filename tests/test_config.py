@@ -301,6 +301,25 @@ def test_bad_input_on_the_command_line_fails_fast(tmp_path, overrides, message):
         assert run["overrides"][-len(overrides):] == overrides and run["config"]["train"]  # what was asked
 
 
+@pytest.mark.parametrize("override,message", [
+    ("train.epochs=-1", "train.epochs=-1 must be >= 1 (passes over the data)"),  # validate
+    ("data.batch_size=???", "data.batch_size has no value; give it one (data.batch_size=...)"),  # to_config
+])
+def test_a_refused_config_is_answered_without_importing_torch(tmp_path, override, message):
+    # The job imported torch (1.5 s of the 2.2 s it took to answer) before Hydra composed the
+    # config, only to refuse it with checks that need none.
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(REPO / "train.py"), override,
+                           f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"error: {message}" in output(proc), output(proc)[-2000:]
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "hydra" in imported and "torch" not in imported
+    run = read_run(tmp_path)
+    assert (run["status"], run["overrides"]) == ("failed", [override]) and run["error"].startswith(message)
+    import torch  # here, not in the job: run.json still names the CUDA torch was built for
+
+    assert run["config"]["train"]["seed"] == 0 and run["versions"]["cuda"] == torch.version.cuda
+
+
 def test_missing_data_says_where_it_looked_and_how_to_fix(tmp_path):
     proc = run_train(f"data.root={tmp_path}/nothing", "data.download=false",
                      f"hydra.run.dir={tmp_path}/run", timeout=60)

@@ -6,8 +6,10 @@ results rows go through it, and on every other rank it does nothing.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import csv
+import importlib.util
 import json
 import logging
 import os
@@ -151,9 +153,26 @@ def versions() -> dict[str, str | None]:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = None
-    torch = sys.modules.get("torch")
-    found["cuda"] = torch.version.cuda if torch is not None else None
+    found["cuda"] = _torch_cuda()
     return found
+
+
+def _torch_cuda() -> str | None:
+    """torch.version.cuda, the CUDA that torch was built for. A job refused for its config
+    records it without importing torch (1.5 s): torch/version.py is plain assignments."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.version.cuda
+    try:
+        spec = importlib.util.find_spec("torch")  # finds the package without running it
+        source = Path(spec.submodule_search_locations[0], "version.py").read_text()
+    except (ImportError, AttributeError, TypeError, IndexError, OSError):  # no torch where it is looked for
+        return None
+    for node in ast.parse(source).body:  # cuda: Optional[str] = '13.0'
+        target = node.target if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [None])[0]
+        if isinstance(target, ast.Name) and target.id == "cuda":
+            return ast.literal_eval(node.value)
+    return None
 
 
 def git_commit(directory: Path = _HERE) -> str | None:

@@ -2,7 +2,9 @@
 
 It lives in the package, not in train.py, so that spawned workers can import it by name
 wherever the job process runs: under submitit, `__main__` is submitit's own module and a
-function defined in train.py could not be found there.
+function defined in train.py could not be found there. train.py names it
+("ddpscale.worker:train") rather than importing it: it imports torch, which the job
+process loads only once a run starts (ddpscale.launch).
 """
 
 from __future__ import annotations
