@@ -448,12 +448,52 @@ def test_command_lines_hydra_reads_are_left_to_it(argv):
                                               "dropout, depth, width); fix the name in the model.depht=16 override "
                                               "or drop it"),
     (["train.epoch=2"], "train.epoch is not a config key (did you mean train.epochs? valid here: epochs, seed,"),
-    (["optim.beta1=0.8"], None),  # optim=adamw's: Hydra says that SGDConfig lacks it
 ])
 def test_an_override_of_a_key_no_option_has_names_the_closest_key(argv, message):
     # Hydra answered "To append to your config use +optim.lrr=0.1", which ddpscale refuses next
     problem = command_line_problem(argv)
     assert problem is None if message is None else problem.startswith(message), problem
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["optim.beta1=0.8"], "optim.beta1 is a key of optim=adamw, not of optim=sgd (the default optim, from "
+                          "conf/config.yaml); add optim=adamw, or drop optim.beta1=0.8"),
+    (["optim=adamw", "optim.momentum=0.5"], "optim.momentum is a key of optim=sgd, not of optim=adamw (the optim "
+                                            "chosen here); choose optim=sgd in place of optim=adamw, or drop"),
+    (["model=cnn", "model.depth=22"], "model.depth is a key of model=wide_resnet, not of model=cnn (the model "
+                                      "chosen here); choose model=wide_resnet in place of model=cnn, or drop"),
+    # scaling_study's defaults list sets model: cnn
+    (["+experiment=scaling_study", "model.width=2", "-m"], "model.width is a key of model=wide_resnet, not of "
+                                                           "model=cnn (the model this command line composes"),
+    # Hydra composes every job of a sweep with every fixed override: it refused the sweep with
+    # "To append to your config use +optim.beta1=0.8", running none of its jobs
+    (["optim=sgd,adamw", "optim.beta1=0.8", "-m"], "optim.beta1 is a key of optim=adamw, not of optim=sgd "
+                                                    "(swept here), and Hydra gives an override to every job of a "
+                                                    "sweep, so it cannot compose the optim=sgd jobs; sweep optim=adamw "
+                                                    "with optim.beta1=0.8 in one command and optim=sgd without it"),
+])
+def test_an_override_of_a_key_only_another_option_has_names_that_option(argv, message):
+    # Hydra answered "To append to your config use +optim.beta1=0.8", which ddpscale refuses next
+    problem = command_line_problem(argv)
+    assert problem is not None and problem.startswith(message), problem
+
+
+@pytest.mark.parametrize("argv", [
+    ["optim=adamw", "optim.beta1=0.8"], ["model=wide_resnet", "model.depth=22", "model.width=2"],
+    ["optim=adamw", "optim.beta1=0.8,0.9", "-m"],
+    ["+experiment=scaling_study", "model=wide_resnet", "model.width=2", "-m"],
+    ["optim.momentum=0.5", "data=synthetic", "data.seed=3"],
+])
+def test_an_override_of_a_key_the_chosen_options_have_passes(argv):
+    assert command_line_problem(argv) is None
+
+
+def test_a_key_of_another_option_is_refused_before_hydra_composes(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "optim.beta1=0.8"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, output(proc)
+    assert "add optim=adamw, or drop optim.beta1=0.8" in proc.stderr
+    assert "To append" not in output(proc) and not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("argv", [["--cfg", "job", "optim.lr=0.05"], ["optim.lr=0.05", "--cfg", "job"]])

@@ -11,13 +11,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.config_source import ConfigLoadError
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
+
+from ddpscale.choices import keys_of_other_options
 
 
 class ConfigError(ValueError):
@@ -304,12 +308,14 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     return problems
 
 
-def unknown_override_keys(overrides: list[str]) -> list[str]:
-    """One message per `group.key=value` override whose key no option of the group has.
+def unknown_override_keys(overrides: list[str], conf_dir: Path | None = None) -> list[str]:
+    """One message per `group.key=value` override whose key no option of the group has, or
+    (given the primary config's directory, `conf_dir`) no option this command line chooses.
 
     Hydra refuses such an override with "To append to your config use +group.key=...",
-    which ddpscale then refuses too; this names the closest real key instead. An option's
-    keys are those of its schema, stored under schema/<group> (README: Extending).
+    which ddpscale then refuses too; this names the closest real key instead, or the option
+    that has it. An option's keys are those of its schema, stored under schema/<group>
+    (README: Extending).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
@@ -322,7 +328,8 @@ def unknown_override_keys(overrides: list[str]) -> list[str]:
     cs = ConfigStore.instance()
     schema = cs.load("schema/config.yaml").node
     top, groups = list(schema.keys()), set(cs.list("schema"))
-    problems = []
+    hints = typing.get_type_hints(Config)
+    problems, of_some_options = [], []
     for override in parsed:
         path = override.key_or_group.split(".")
         if (override.type != OverrideType.CHANGE or override.package is not None or len(path) == 1
@@ -337,7 +344,13 @@ def unknown_override_keys(overrides: list[str]) -> list[str]:
             if path[1] not in keys:
                 valid = f"keys of the {path[0]} options" if path[0] in groups else "valid here"
                 problems.append(_not_a_key(f"{path[0]}.{path[1]}", keys, override.input_line, valid))
-    return problems
+            elif path[0] in groups and path[1] not in _field_names(hints[path[0]]):
+                of_some_options.append(override)
+    return problems + keys_of_other_options(parsed, of_some_options, conf_dir)
+
+
+def _field_names(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
 
 
 def _not_a_key(path: str, known: list[str], override: str, valid: str = "valid here") -> str:

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import math
+import multiprocessing
 import sys
 import tempfile
 import time
@@ -22,6 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from ddpscale.choices import CONF_DIR
 from ddpscale.config import unknown_override_keys
 from ddpscale.results import RESULTS_FILE, RUN_FILE, earlier_run, taken_message
 
@@ -90,7 +92,10 @@ def command_line_problem(argv: list[str]) -> str | None:
     if args.cfg and args.multirun:
         return (f"--cfg {args.cfg} shows one job's config and Hydra cannot combine it with -m; "
                 "drop -m (and any comma-separated sweep values) to see the composed config")
-    return "; ".join(unknown_override_keys(args.overrides)) or None
+    # Another primary config: Hydra answers. A spawned worker's command line was its job's, checked there.
+    other = args.config_name or args.config_path or args.config_dir or multiprocessing.parent_process()
+    conf_dir = None if other else CONF_DIR
+    return "; ".join(unknown_override_keys(args.overrides, conf_dir)) or None
 
 
 def _hydra_args(argv: list[str]) -> tuple[Any, list[str]] | None:
