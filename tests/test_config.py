@@ -520,6 +520,16 @@ def test_a_command_line_hydra_cannot_read_gets_one_line_naming_the_fix(tmp_path,
     assert not list(tmp_path.iterdir()), "nothing started"
 
 
+def test_help_lists_the_groups_users_choose_from_and_the_config(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, output(proc)
+    groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    listed = [line.split(":")[0] for line in groups.splitlines()[2:] if line.strip()]
+    assert listed == ["data", "distributed", "experiment", "model", "optim"], groups  # no schema/*
+    assert "optim: adamw, sgd" in groups and "num_gpus: 1" in proc.stdout.split("== Config ==")[1]
+
+
 @pytest.mark.parametrize("cfg", [["--cfg", "hydra"], ["-chydra"], ["--cf", "all"]])
 def test_printing_the_resolved_hydra_config_creates_no_directories(tmp_path, cfg):
     # resolving hydra.run.dir and hydra.sweep.dir claims them; a print must not leave them

@@ -59,7 +59,8 @@ def claim_dir(base: str, create: bool = True) -> str:
 
 
 def register_resolvers(argv: list[str] | None = None) -> None:
-    """Register `${ddpscale_dir:...}` (cached, so one config resolves it once).
+    """Register `${ddpscale_dir:...}` (cached, so one config resolves it once) and
+    `${ddpscale_groups:}` (the config groups --help lists).
 
     Given the command line, a command that only prints the config (`--cfg hydra
     --resolve` resolves the output directories too) is shown their names but creates none.
@@ -68,6 +69,19 @@ def register_resolvers(argv: list[str] | None = None) -> None:
         create = _prints_only(argv or []) is None
         OmegaConf.register_new_resolver(
             "ddpscale_dir", lambda base: claim_dir(base, create), use_cache=True)
+    if not OmegaConf.has_resolver("ddpscale_groups"):
+        OmegaConf.register_new_resolver("ddpscale_groups", user_config_groups)
+
+
+def user_config_groups() -> str:
+    """The config groups users choose from, with their options, as Hydra's --help lists them
+    ($APP_CONFIG_GROUPS), less ddpscale's schema/* groups: what conf/'s options build on."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not GlobalHydra.instance().is_initialized():  # a config composed without @hydra.main
+        return ""
+    hydra = GlobalHydra.instance().hydra
+    return hydra.format_config_groups(lambda group: group.split("/")[0] not in ("hydra", "schema"))
 
 
 def _prints_only(argv: list[str]) -> str | None:
