@@ -54,15 +54,24 @@ _FIXED = {
 
 
 def format_value(value) -> str:
-    """A setting as the user typed it: 0.05, 1e-05, 64, cnn. A float prints in the fewest digits
-    that read back as it (`:g` cut 0.00012345678 to 0.000123457), a whole one as an integer
-    (results.csv's numbers load as floats: batch 64.0 prints 64)."""
+    """A setting as the user typed it: 0.05, 1e-05, 64, 1e+10, cnn. A float prints in the fewest
+    digits that read back as it (`:g` cut 0.00012345678 to 0.000123457), a whole one as an
+    integer (results.csv's numbers load as floats: batch 64.0 prints 64), from a million up in
+    `:g`'s exponent form where that reads back as it (lr 1e10 printed as 10000000000)."""
     if value is None or value is pd.NA or (isinstance(value, float) and value != value):
         return "?"
     if isinstance(value, (float, np.floating)):
         value = float(value)
-        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+        if not value.is_integer():
+            return repr(value)
+        return str(int(value)) if abs(value) < 1e6 else _shortest(value)
     return str(value)
+
+
+def _shortest(value: float) -> str:
+    """`value` in the fewest significant digits, in `:g` form, that read back as it exactly:
+    1e+10, 2.5e+07, 1234567 (`:g` writes digits while there are as many as the exponent)."""
+    return next(text for digits in range(1, 18) if float(text := f"{value:.{digits}g}") == value)
 
 
 def is_setting(name) -> bool:

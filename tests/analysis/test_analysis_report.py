@@ -576,6 +576,22 @@ def test_tables_print_settings_as_typed_and_large_numbers_with_separators(tmp_pa
     assert "| 0.9995/ws2 | completed | yes | 32768 | 2 | 0.9995 | 3/3 | 3,000 |" in report  # runs
 
 
+def test_large_and_small_settings_print_as_typed_and_keep_their_values_in_csv(tmp_path):
+    """lr=1e10 printed as 10000000000 in every table and the key findings."""
+    sweep_dir, write_run = new_sweep(tmp_path)
+    for i, (lr, decay) in enumerate(((1e10, 0.0), (0.05, 0.0), (0.05, 1e-6))):
+        for world_size in (1, 2):
+            write_run(f"{i}/ws{world_size}", lr=lr, world_size=world_size,
+                      config={"optim": {"weight_decay": decay}})
+    write_report(analyse([sweep_dir]), tmp_path / "out")
+    out = tmp_path / "out"
+    shown = "".join((out / name).read_text() for name in ("report.md", "runs.md", "scaling.md", "accuracy.md"))
+    assert "10000000000" not in shown and "| 1e+10 |" in (out / "runs.md").read_text()
+    assert "1e-06" in (out / "runs.md").read_text()
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(runs.lr.unique()) == [0.05, 1e10] and sorted(runs["optim.weight_decay"].unique()) == [0, 1e-6]
+
+
 def test_every_plot_colours_a_line_as_the_others_do_and_lists_lines_in_colour_order(
     tmp_path, monkeypatch
 ):
