@@ -523,12 +523,13 @@ def test_more_cpu_workers_than_cores_get_a_notice_and_still_train(tmp_path):
             "throughput") in output(proc)
     assert read_run(tmp_path)["status"] == "completed"
     assert "train.threads" not in output(proc) and "data.num_workers" not in output(proc)
+    assert "data.download" not in output(proc)  # data=synthetic's own download: false
 
 
 def test_settings_that_cannot_work_as_they_seem_get_a_notice_and_still_train(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), *QUICK, "train.epochs=1",
                            "train.threads=2", "data.num_workers=2", "distributed.comm_hook=shm",
-                           "data.batch_size=600", f"hydra.run.dir={tmp_path}"],
+                           "data.batch_size=600", "data.download=true", f"hydra.run.dir={tmp_path}"],
                           cwd=REPO, capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
     assert proc.returncode == 0, output(proc)
@@ -536,6 +537,8 @@ def test_settings_that_cannot_work_as_they_seem_get_a_notice_and_still_train(tmp
             in output(proc))
     assert "notice: data.num_workers=2 is unused with data.loader=memory" in output(proc)
     assert "notice: distributed.comm_hook=shm has no other worker to all-reduce with" in output(proc)
+    assert ("notice: data.download=true does nothing with data=synthetic (generated in memory, nothing to "
+            "download)") in output(proc)
     assert ("notice: data.batch_size=600 is more than each of the 1 worker(s) gets (512 of 512 training "
             "examples): every step trains on a batch of 512, but results.csv will say batch_size=600"
             in output(proc))

@@ -98,6 +98,9 @@ def _notices(cfg: Config, device: str, launcher: str) -> None:
         log.info("notice: data.num_workers=%d is unused with data.loader=memory (batches come from "
                  "tensors already in memory); data.loader=dataloader uses DataLoader processes",
                  cfg.data.num_workers)
+    if cfg.data.name == "synthetic" and cfg.data.download:
+        log.info("notice: data.download=true does nothing with data=synthetic (generated in memory, "
+                 "nothing to download); data=fashion_mnist or data=mnist reads files, which it fetches")
     if d.comm_hook == "shm" and world(cfg) == 1:
         log.info("notice: distributed.comm_hook=shm has no other worker to all-reduce with; this "
                  "1-worker run uses none (run.json's grad_allreduce says so)")
