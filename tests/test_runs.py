@@ -14,8 +14,9 @@ import pytest
 import torch.distributed as dist
 
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train
-from ddpscale.config import DistributedConfig
-from ddpscale.distributed import check_nodes_agree, free_port
+from ddpscale.config import CNNConfig, Config, DataConfig, DistributedConfig, SGDConfig, TrainConfig
+from ddpscale.distributed import SPAWN, check_nodes_agree, free_port, usable_cores
+from ddpscale.launch import _notices
 
 pytestmark = pytest.mark.slow
 
@@ -524,6 +525,37 @@ def test_more_cpu_workers_than_cores_get_a_notice_and_still_train(tmp_path):
     assert read_run(tmp_path)["status"] == "completed"
     assert "train.threads" not in output(proc) and "data.num_workers" not in output(proc)
     assert "data.download" not in output(proc)  # data=synthetic's own download: false
+
+
+@pytest.mark.parametrize("threads,noticed", [(None, True), ("cores - 1", False)])
+def test_dataloader_processes_count_towards_the_cores_the_workers_use(caplog, threads, noticed):
+    """train.threads=null gives a worker every core, and its DataLoader processes take CPU beside it:
+    the notice counted only train.threads x workers, and said nothing."""
+    cores = usable_cores()
+    if cores < 2:
+        pytest.skip("needs 2 cores: one for the training thread, one for the DataLoader process")
+    cfg = Config(model=CNNConfig(), data=DataConfig(name="synthetic", download=False, loader="dataloader", num_workers=1),
+                 optim=SGDConfig(), distributed=DistributedConfig(),
+                 train=TrainConfig(threads=None if threads is None else cores - 1))
+    with caplog.at_level("INFO", logger="ddpscale"):
+        _notices(cfg, "cpu", SPAWN)
+    said = (f"notice: 1 worker(s) x ({cores} thread(s) + data.num_workers=1 DataLoader process(es)) is "
+            f"{cores + 1} on {cores} core(s): they take turns, which slows every step; train.threads={cores - 1} "
+            "leaves a core to each DataLoader process")
+    assert (said in caplog.text) == noticed, caplog.text
+    assert noticed or "notice" not in caplog.text
+
+
+def test_dataloader_processes_beyond_the_cores_get_a_notice_and_still_train(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *QUICK, "train.epochs=1",
+                           "data.loader=dataloader", "data.num_workers=1", f"hydra.run.dir={tmp_path}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    assert proc.returncode == 0, output(proc)
+    assert ("notice: 1 worker(s) x (1 thread(s) + data.num_workers=1 DataLoader process(es)) is 2 on 1 core(s): "
+            "they take turns, which slows every step; data.num_workers=0 loads the batches in the workers "
+            "themselves, with 1 thread(s) each") in output(proc)
+    assert read_run(tmp_path)["status"] == "completed"
 
 
 def test_settings_that_cannot_work_as_they_seem_get_a_notice_and_still_train(tmp_path):

@@ -86,14 +86,24 @@ def _check_registered(cfg: Config) -> None:
 def _notices(cfg: Config, device: str, launcher: str) -> None:
     """Settings that run, but cannot do what they seem to: say so once, and go on."""
     d, cores, threads = cfg.distributed, ddist.usable_cores(), cfg.train.threads
+    share = max(1, cores // d.num_gpus)  # each worker's threads under train.threads=null
+    # DataLoader processes take CPU beside their worker's threads: decoding, transforms, collating
+    loaders = cfg.data.num_workers if cfg.data.loader == "dataloader" else 0
+    busy = (threads or share) + loaders  # what each worker keeps running
     if launcher == SPAWN and device == "cpu" and d.num_gpus > cores:
         log.info("notice: %d CPU workers share %d core(s) here; past %d worker(s) more cannot "
                  "raise throughput, so a scaling study on this machine should stop at "
                  "distributed.num_gpus=%d", d.num_gpus, cores, cores, cores)
+    elif launcher == SPAWN and device == "cpu" and loaders and busy * d.num_gpus > cores:
+        fix = (f"train.threads={share - loaders} leaves a core to each DataLoader process" if share > loaders
+               else f"data.num_workers=0 loads the batches in the workers themselves, with {share} thread(s) each")
+        log.info("notice: %d worker(s) x (%d thread(s) + data.num_workers=%d DataLoader process(es)) is %d on "
+                 "%d core(s): they take turns, which slows every step; %s",
+                 d.num_gpus, threads or share, loaders, busy * d.num_gpus, cores, fix)
     elif launcher == SPAWN and device == "cpu" and threads and threads * d.num_gpus > cores:
         log.info("notice: train.threads=%d x %d worker(s) is %d threads on %d core(s): they take "
                  "turns, which slows every step; train.threads=null gives each worker %d",
-                 threads, d.num_gpus, threads * d.num_gpus, cores, max(1, cores // d.num_gpus))
+                 threads, d.num_gpus, threads * d.num_gpus, cores, share)
     if cfg.data.loader == "memory" and cfg.data.num_workers > 0:
         log.info("notice: data.num_workers=%d is unused with data.loader=memory (batches come from "
                  "tensors already in memory); data.loader=dataloader uses DataLoader processes",
