@@ -55,6 +55,20 @@ def test_an_unregistered_name_fails_before_any_worker(tmp_path, override, messag
     assert message in output(proc) and "starting 2 worker(s)" not in output(proc)
 
 
+@pytest.mark.parametrize("args,message", [
+    (["data.frequency=0.5"], "data.frequency is a key of data=stripes, not of data=fashion_mnist (the default data, "
+                             "from conf/config.yaml); add data=stripes, or drop data.frequency=0.5"),
+    (["model=mlp", "model.depth=3"], "model.depth is a key of model=wide_resnet, not of model=mlp (the model "
+                                     "chosen here); choose model=wide_resnet in place of model=mlp, or drop"),
+])
+def test_a_key_of_an_option_not_chosen_names_the_plugged_in_options_too(args, message):
+    # Hydra answered "To append to your config use +data.frequency=0.5", which ddpscale refuses next
+    proc = subprocess.run([sys.executable, str(REPO / SCRIPT), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, output(proc)
+    assert f"error: {message}" in proc.stderr and "To append" not in output(proc)
+
+
 @pytest.mark.parametrize("args", [["--cfg", "job", "model=mlp", "data=stripes"],
                                   ["model=mlp", "data=stripes", "--cfg", "job"],
                                   ["--cfg", "job"]], ids=["flag-first", "flag-last", "no-overrides"])

@@ -16,12 +16,15 @@ sys.path[:0] = PATHS
 # name my_plugins) from any working directory
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [*PATHS, os.environ.get("PYTHONPATH")]))
 
+if __name__ == "__main__":  # (a spawned worker's command line has it already)
+    # conf/model/mlp.yaml, ... on the search path: an override next to the user's own, as
+    # Hydra takes overrides only as one run of arguments (`-m model=mlp` or `model=mlp -m`);
+    # before train.py checks the command line, which then finds these options too
+    overrides = [i for i, arg in enumerate(sys.argv[1:], 1) if "=" in arg and not arg.startswith("-")]
+    sys.argv.insert(overrides[0] if overrides else len(sys.argv), f"hydra.searchpath=[file://{HERE / 'conf'}]")
+
 import my_plugins  # noqa: E402,F401  (registers the model, the data set, the optimizer and the schedule)
 import train  # noqa: E402
 
 if __name__ == "__main__":
-    # conf/model/mlp.yaml, ... on the search path: an override next to the user's own, as
-    # Hydra takes overrides only as one run of arguments (`-m model=mlp` or `model=mlp -m`)
-    overrides = [i for i, arg in enumerate(sys.argv[1:], 1) if "=" in arg and not arg.startswith("-")]
-    sys.argv.insert(overrides[0] if overrides else len(sys.argv), f"hydra.searchpath=[file://{HERE / 'conf'}]")
     train.main()

@@ -118,7 +118,7 @@ def _options_with(loader: Any, overrides: list[str], group: str, key: str) -> li
     """The options of `group` whose schema has `key`."""
     others = [o for o in overrides if o.split("=")[0].lstrip("+~") != group]
     having = []
-    for option in loader.get_group_options(group):
+    for option in loader.get_group_options(group, config_name="config", overrides=others):
         try:
             keys = _options_and_keys(loader, [*others, f"{group}={option}"])[group][1]
         except Exception:  # noqa: BLE001  an option Hydra cannot compose here
