@@ -69,6 +69,15 @@ def test_a_key_of_an_option_not_chosen_names_the_plugged_in_options_too(args, me
     assert f"error: {message}" in proc.stderr and "To append" not in output(proc)
 
 
+def test_help_lists_the_plugged_in_options():
+    # Hydra listed the groups of conf/ alone, without the options of a hydra.searchpath override
+    proc = subprocess.run([sys.executable, str(REPO / SCRIPT), "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, output(proc)
+    assert ("data: fashion_mnist, mnist, stripes, synthetic\ndistributed: default\nexperiment: scaling_study\n"
+            "model: cnn, mlp, wide_resnet\noptim: adamw, rmsprop, sgd\n\n== Config ==") in proc.stdout
+
+
 @pytest.mark.parametrize("args", [["--cfg", "job", "model=mlp", "data=stripes"],
                                   ["model=mlp", "data=stripes", "--cfg", "job"],
                                   ["--cfg", "job"]], ids=["flag-first", "flag-last", "no-overrides"])

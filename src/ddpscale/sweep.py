@@ -73,15 +73,34 @@ def register_resolvers(argv: list[str] | None = None) -> None:
         OmegaConf.register_new_resolver("ddpscale_groups", user_config_groups)
 
 
-def user_config_groups() -> str:
+def user_config_groups(searchpath: Any = ()) -> str:
     """The config groups users choose from, with their options, as Hydra's --help lists them
-    ($APP_CONFIG_GROUPS), less ddpscale's schema/* groups: what conf/'s options build on."""
+    ($APP_CONFIG_GROUPS), less ddpscale's schema/* groups: what conf/'s options build on.
+    Hydra's list left out the options of a hydra.searchpath given on the command line
+    (examples/plugin's model=mlp)."""
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.object_type import ObjectType
 
     if not GlobalHydra.instance().is_initialized():  # a config composed without @hydra.main
         return ""
-    hydra = GlobalHydra.instance().hydra
-    return hydra.format_config_groups(lambda group: group.split("/")[0] not in ("hydra", "schema"))
+    loader = GlobalHydra.instance().hydra.config_loader
+    overrides = [f"hydra.searchpath=[{','.join(searchpath)}]"] if searchpath else []
+
+    def listed(group: str, kind: ObjectType) -> list[str]:
+        return sorted(loader.get_group_options(group, kind, config_name=None, overrides=overrides))
+
+    def groups(parent: str) -> list[str]:
+        found = []
+        for name in listed(parent, ObjectType.GROUP):
+            group = f"{parent}/{name}" if parent else name
+            if group in ("hydra", "schema"):
+                continue
+            if listed(group, ObjectType.CONFIG):
+                found.append(group)
+            found += groups(group)
+        return found
+
+    return "".join(f"{group}: {', '.join(listed(group, ObjectType.CONFIG))}\n" for group in groups(""))
 
 
 def _prints_only(argv: list[str]) -> str | None:
