@@ -26,6 +26,8 @@ def keys_of_other_options(parsed: list[Any], suspects: list[Any], conf_dir: Path
     """One message per `group.key=value` override in `suspects` (a key some option of the
     group has, but not all) whose key no option this command line chooses has; `parsed` is
     the whole command line, as Hydra's override parser reads it."""
+    if not suspects:  # the usual command line: no defaults list to compute
+        return []
     combinations = _defaults_combinations(parsed)
     if conf_dir is None or not conf_dir.is_dir() or combinations is None:
         return []
