@@ -15,8 +15,9 @@ import torch.distributed as dist
 
 from conftest import QUICK, REPO, output, read_rows, read_run, run_train
 from ddpscale.config import CNNConfig, Config, DataConfig, DistributedConfig, SGDConfig, TrainConfig
-from ddpscale.distributed import SPAWN, check_nodes_agree, free_port, usable_cores
-from ddpscale.launch import _notices
+from ddpscale.distributed import check_nodes_agree, free_port, usable_cores
+from ddpscale.placement import SPAWN
+from ddpscale.workers import _notices
 
 pytestmark = pytest.mark.slow
 
