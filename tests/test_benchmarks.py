@@ -660,3 +660,17 @@ def test_gpu_benchmark_runs_train_py_on_both_data_paths_and_fails_a_check_that_d
         r = figures["results"][name]
         assert (r["device"], r["train_count"]) == ("cpu", 512)
         assert 0 < r["best_epoch_s"] <= r["median_epoch_s"] and r["images_per_sec"] > 0
+
+
+def test_a_failed_gpu_case_is_a_failed_check_and_the_other_cases_keep_their_figures(fmnist_root, tmp_path, monkeypatch):
+    # a case that fails (here a value train.py refuses; on a GPU, say, a compile error) ended
+    # the benchmark with a traceback, losing every case measured before it and the JSON
+    monkeypatch.setitem(gpu.CASES, "broken", ("a case train.py refuses", ["model.dropout=2"]))
+    out = tmp_path / "gpu.json"
+    code = gpu.main(["--device", "cpu", "--cases", "broken,fp32", "--epochs", "2", "--train-size", "256",
+                     "--val-size", "128", "--min-acc", "0", "--data-root", str(fmnist_root), "--json", str(out)])
+    assert code == 1
+    figures = json.loads(out.read_text())
+    assert list(figures["results"]) == ["fp32"] and figures["results"]["fp32"]["train_count"] == 256
+    assert "model.dropout" in figures["failed"]["broken"]
+    assert [held for what, held in figures["checks"] if what.startswith("broken: ran (exit 2")] == [False]
