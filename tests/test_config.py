@@ -137,6 +137,12 @@ def test_typos_and_wrong_types_fail_at_compose_time(overrides, error):
     (["+train.epoch=2"], "train.epoch is not a config key \\(did you mean train.epochs\\?"),
     (["+optim.momentun=0.5"], "optim.momentun is not a config key \\(did you mean optim.momentum\\?"),
     (["+model.foo=2"], "model.foo is not a config key \\(valid here: name, conv1_channels"),
+    # Hydra answers optim.beta1=0.9 (with the default optim=sgd) with "use +optim.beta1=0.9";
+    # that was refused next as "not a config key", naming sgd's keys and not adamw
+    (["+optim.beta1=0.9"], "optim.beta1 is a key of optim=adamw, not of this run's optim option "
+                           "\\(SGDConfig\\); choose optim=adamw, or drop the \\+optim.beta1... override"),
+    (["optim=adamw", "+optim.momentum=0.5"], "optim.momentum is a key of optim=sgd, not of this run's optim option"),
+    (["+model.depth=16"], "model.depth is a key of model=wide_resnet, not of this run's model option \\(CNNConfig"),
 ])
 def test_keys_added_with_plus_must_be_in_the_schema(overrides, error):
     """Hydra lets `+key=value` add any key; one the schema lacks would be read by nothing."""

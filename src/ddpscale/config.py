@@ -300,12 +300,32 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     for key in node.keys():
         path = f"{prefix}{key}"
         if known is not None and key not in known:
-            problems.append(_not_a_key(path, known, f"+{path}..."))
+            others = _options_with_key(prefix.rstrip("."), key)
+            problems.append(_key_of_another_option(path, others, schema, f"+{path}...") if others
+                            else _not_a_key(path, known, f"+{path}..."))
             continue
         child = None if OmegaConf.is_missing(node, key) else node[key]
         if isinstance(child, DictConfig):
             problems += unknown_keys(child, f"{path}.")
     return problems
+
+
+def _options_with_key(group: str, key: str) -> list[str]:
+    """The options of `group` whose schema (schema/<group>/<option>) has `key`."""
+    cs = ConfigStore.instance()
+    if group not in cs.list("schema"):
+        return []
+    options = [name.removesuffix(".yaml") for name in cs.list(f"schema/{group}")]
+    return [o for o in options if o != group and key in cs.load(f"schema/{group}/{o}.yaml").node]
+
+
+def _key_of_another_option(path: str, options: list[str], schema: Any, override: str) -> str:
+    """`path` is a key of other options of its group (optim.beta1, adamw's, added to sgd's
+    config: Hydra's advice for `optim.beta1=0.9` with optim=sgd), not of the one chosen."""
+    group = path.rpartition(".")[0]
+    named = " or ".join(f"{group}={o}" for o in options)
+    return (f"{path} is a key of {named}, not of this run's {group} option ({schema.__name__}); "
+            f"choose {named}, or drop the {override} override")
 
 
 def unknown_override_keys(overrides: list[str], conf_dir: Path | None = None) -> list[str]:
