@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--target-acc",
-        type=float,
+        type=_fraction,
         default=0.9,
         metavar="FRACTION",
         help="validation accuracy to measure time-to-target against, in (0, 1] (default: 0.9)",
@@ -60,6 +60,17 @@ def _path(text: str) -> Path:
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path (an unset shell variable?); give a directory")
     return Path(text)
+
+
+def _fraction(text: str) -> float:
+    """--target-acc's value; one that is not a number is answered with the fix, as one
+    outside (0, 1] is (argparse said only "invalid float value: 'abc'")."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number; accuracies are fractions in (0, 1], e.g. --target-acc 0.9"
+        ) from None
 
 
 def main(argv=None) -> int:

@@ -56,13 +56,18 @@ def test_directory_without_runs_is_a_clear_error(tmp_path):
     assert not (tmp_path / "empty" / "analysis").exists()
 
 
-def test_target_acc_must_be_a_fraction(tmp_path):
+@pytest.mark.parametrize("value,says", [
+    ("90", "error: --target-acc=90 is not a fraction in (0, 1]; accuracies are fractions, e.g. --target-acc 0.9"),
+    # argparse said only "argument --target-acc: invalid float value: 'abc'"
+    ("abc", "error: argument --target-acc: 'abc' is not a number; accuracies are fractions in (0, 1], "
+            "e.g. --target-acc 0.9"),
+])
+def test_target_acc_must_be_a_fraction(tmp_path, value, says):
     sweep_dir, write_run = new_sweep(tmp_path)
     write_run("a")
-    result = run_cli(str(sweep_dir), "--target-acc", "90")
+    result = run_cli(str(sweep_dir), "--target-acc", value)
     assert result.returncode == 2
-    assert ("--target-acc=90 is not a fraction in (0, 1]; accuracies are fractions, e.g. --target-acc 0.9"
-            in result.stderr)
+    assert says in result.stderr, result.stderr
 
 
 def test_out_must_be_a_directory(tmp_path):
