@@ -277,6 +277,22 @@ def test_the_slurm_launcher_off_a_cluster_says_so_in_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no multirun/<date>/<time> that looks like a sweep
 
 
+def test_a_slurm_task_whose_rank_0_never_listens_fails_after_timeout_s_in_one_line(tmp_path):
+    # a TCPStore client waited out distributed.timeout_s, then once more after a random delay
+    # of up to as long again, printing some 20 lines of C++ stack at each try
+    task = {"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "9", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+            "SLURM_LOCALID": "1", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1"}
+    started = time.monotonic()
+    proc = run_train(*QUICK, "distributed.timeout_s=5", f"distributed.master_port={free_port()}",
+                     f"hydra.run.dir={tmp_path}/run", env=task, timeout=120)
+    assert proc.returncode == 1, output(proc)
+    assert ("rank 1: rendezvous at distributed.master_addr:master_port = 127.0.0.1:" in output(proc)
+            and "failed within distributed.timeout_s=5: nothing listened there: global rank 0 hosts the store"
+            in output(proc)), output(proc)
+    assert "frame #" not in output(proc) and "retrying" not in output(proc), output(proc)
+    assert time.monotonic() - started < 5 + 30  # start-up included, on a busy machine
+
+
 def test_torchrun_two_nodes_over_loopback(tmp_path):
     port = free_port()
     nodes = [

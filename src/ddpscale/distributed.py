@@ -414,12 +414,15 @@ def _join(placement: Placement, backend: str, rendezvous: Rendezvous | None, hos
     if rendezvous is None:  # torchrun: its agent already set MASTER_ADDR/PORT
         dist.init_process_group(backend, timeout=timeout)
     else:
+        connect = timeout
+        if not hosts_store:
+            connect = timedelta(seconds=max(1.0, _wait_until_listening(rendezvous, timeout)))
         store = dist.TCPStore(
             rendezvous.addr,
             rendezvous.port,
             world_size=placement.world_size if hosts_store else None,
             is_master=hosts_store,
-            timeout=timeout,
+            timeout=connect,
             wait_for_workers=False,
         )
         dist.init_process_group(
@@ -432,6 +435,24 @@ def _join(placement: Placement, backend: str, rendezvous: Rendezvous | None, hos
     # Everyone must have arrived before training starts; with a store-based init a
     # missing node is only noticed here, so give it the same deadline.
     dist.barrier()
+
+
+def _wait_until_listening(rendezvous: Rendezvous, timeout: timedelta) -> float:
+    """Wait with a plain socket for the store this worker does not host (global rank 0's
+    under SLURM; a spawned worker's job process hosts its own, or meets node 0's first); the
+    seconds of `timeout` left. A TCPStore client waited out the timeout, then tried once more
+    after a random delay of up to as long again (a SLURM task whose rank 0 never started
+    failed after some 60 s at distributed.timeout_s=30), printing 20 lines of C++ stack at
+    each try."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((rendezvous.addr, rendezvous.port), timeout=1).close()
+            return deadline - time.monotonic()
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("nothing listened there: global rank 0 hosts the store (was its task started, "
+                       "or did it fail first? see its output)")
 
 
 def die_with_parent(parent_pid: int) -> None:
