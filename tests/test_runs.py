@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -94,6 +95,9 @@ def test_two_nodes_over_loopback_form_one_world_of_four(tmp_path):
     # The node that holds rank 0 says where the run's files are; the other has none to name.
     assert f"run completed: results.csv and run.json are in {tmp_path}/node0" in logs[1]
     assert "run completed" not in logs[0]
+    # one thread per worker already: no train.threads could share the cores better (there were
+    # 4 threads on 2 cores, and a notice to give every node train.threads=1, as they had)
+    assert "notice: nodes" not in logs[1], logs[1]
 
 
 def test_a_worker_failing_on_node_1_is_what_node_0_records(tmp_path):
@@ -162,6 +166,24 @@ def test_nodes_given_different_settings_stop_before_training_naming_them(tmp_pat
             "(node 0: 2, node 1: 1); give every node the same overrides (only distributed.node_id differs)")
     assert all(said in log for log in logs) and not any("starting" in log for log in logs), logs
     assert read_run(tmp_path / "node0")["error"] == said  # data.root is each node's own: not named
+
+
+def test_nodes_on_one_machine_whose_threads_exceed_its_cores_get_a_notice(tmp_path):
+    # each node gave its workers the whole machine's cores: two 1-worker nodes on 2 cores
+    # ran 4 threads and trained several times slower, without a word
+    port, cores = free_port(), len(os.sched_getaffinity(0))
+    common = [*QUICK, "train.epochs=1", "data.train_size=64", "data.val_size=64", "distributed.num_gpus=1",
+              "distributed.num_nodes=2", "distributed.master_addr=127.0.0.1", f"distributed.master_port={port}"]
+    nodes = [subprocess.Popen([sys.executable, "train.py", *common, f"distributed.node_id={k}",
+                               f"train.threads={threads}", f"hydra.run.dir={tmp_path}/node{k}"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for k, threads in ((0, cores), (1, 1))]
+    logs = [n.communicate(timeout=240)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], logs
+    assert (f"notice: nodes 0, 1 run on this one machine ({socket.gethostname()}): {cores + 1} CPU threads "
+            f"in all on {cores} core(s), which take turns and slow every step; give every node "
+            f"train.threads={max(1, cores // 2)} (the cores // the 2 workers here)") in logs[0], logs[0]
+    assert "notice: nodes" not in logs[1]  # node 0 says it, as every notice comes from global rank 0
 
 
 def test_a_joining_node_waits_for_this_jobs_store_not_the_previous_one():

@@ -260,20 +260,23 @@ _READ = "ddpscale/settings/read"  # how many nodes have read the others' setting
 
 
 def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: DistributedConfig,
-                      settings: Mapping[str, object]) -> None:
+                      settings: Mapping[str, object], threads: int = 0) -> dict[int, tuple[str, int]]:
     """Before a node starts its workers, meet the other nodes' job processes at node 0's store
     and compare their `settings` (config.shared_settings). A node given another
     distributed.num_gpus counts another world size and other rank numbers: the workers'
     rendezvous then waited out distributed.timeout_s (5 minutes) and blamed master_addr. One
     given another optim.lr trained on silently, and one given other epochs or batches left
     the others waiting in a collective. Polls, so a Ctrl-C is taken at once. `store` is node
-    0's own, new for this job (None elsewhere: join it)."""
+    0's own, new for this job (None elsewhere: join it). Returns each node's host name and
+    the CPU threads its workers use in all (`threads`; 0 on CUDA), by node."""
     deadline = time.monotonic() + d.timeout_s
     where = f"distributed.master_addr:master_port = {addr}:{port}"
     keys = [f"ddpscale/settings/node{n}" for n in range(d.num_nodes)]
+    hosts = [f"ddpscale/host/node{n}" for n in range(d.num_nodes)]
     if store is None:
         store = _join_this_jobs_store(addr, port, d, deadline, where)
     try:
+        store.set(hosts[d.node_id], json.dumps([socket.gethostname(), threads]))  # before its settings
         store.set(keys[d.node_id], json.dumps(dict(settings), sort_keys=True))
         if not store.check(keys):
             log.info("node %d: waiting for the other node(s) at %s:%d (distributed.timeout_s=%g)",
@@ -298,6 +301,7 @@ def check_nodes_agree(store: dist.TCPStore | None, addr: str, port: int, d: Dist
                                   "every node the same value: each starts that many workers")
             raise ConfigError(f"the nodes were given different settings: {differ}; give every node the "
                               "same overrides (only distributed.node_id differs)")
+        return {n: tuple(json.loads(store.get(key))) for n, key in enumerate(hosts) if store.check([key])}
     except dist.DistNetworkError as err:  # only a joining node's store can go away
         raise RuntimeError(
             f"node 0 left the rendezvous at {where} before every node had arrived "

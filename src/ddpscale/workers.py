@@ -116,6 +116,23 @@ def _notices(cfg: Config, device: str, launcher: str) -> None:
                  "1-worker run uses none (run.json's grad_allreduce says so)")
 
 
+def _shared_machine_notice(nodes: dict[int, tuple[str, int]], num_gpus: int) -> None:
+    """Nodes started on one machine (the README's loopback try) each give their CPU workers
+    the whole machine's cores: two nodes of one worker on a 2-core VM ran 4 threads, and
+    trained 2.1-4.7x slower than with one thread each (in four pairs of runs), without a word."""
+    here = nodes.get(0, ("", 0))[0]
+    sharing = [n for n, (host, _) in sorted(nodes.items()) if host == here]
+    threads, cores = sum(nodes[n][1] for n in sharing), ddist.usable_cores()
+    workers = len(sharing) * num_gpus
+    share = max(1, cores // workers)
+    # more workers than cores: one thread each, as they have, is all there is to give
+    if len(sharing) > 1 and threads > max(cores, workers):
+        log.info("notice: nodes %s run on this one machine (%s): %d CPU threads in all on %d core(s), "
+                 "which take turns and slow every step; give every node train.threads=%d (the cores "
+                 "// the %d workers here)", ", ".join(map(str, sharing)), here, threads, cores,
+                 share, workers)
+
+
 def _quiet(*_args: Any) -> None:
     """Notices come from the process holding global rank 0 only."""
 
@@ -132,7 +149,10 @@ def _spawn(cfg: Config, worker: WorkerFn, out_dir: Path, device: str, backend: s
     store = ddist.host_store(addr, d.master_port, world(cfg), d.timeout_s) if d.node_id == 0 else None
     port = store.port if store is not None else d.master_port
     if d.num_nodes > 1:
-        ddist.check_nodes_agree(store, addr, port, d, shared_settings(cfg))
+        threads = d.num_gpus * ddist.cpu_threads(d.num_gpus, cfg.train.threads) if device == "cpu" else 0
+        nodes = ddist.check_nodes_agree(store, addr, port, d, shared_settings(cfg), threads)
+        if d.node_id == 0:
+            _shared_machine_notice(nodes, d.num_gpus)
     plan = Plan(cfg, str(out_dir), device, backend, SPAWN, Rendezvous(addr, port, d.timeout_s))
     log.info("starting %d worker(s) on node %d/%d (%s, %s), rendezvous %s:%d",
              d.num_gpus, d.node_id, d.num_nodes, device, backend, addr, port)
