@@ -311,6 +311,13 @@ def test_torchrun_two_nodes_over_loopback(tmp_path):
     assert len(dirs) == 1, "only global rank 0 writes, into one directory"
     row = read_rows(dirs[0])[0]
     assert (row["world_size"], row["num_nodes"], row["num_gpus"]) == ("2", "2", "1")
+    # each agent's one rank took all the cores (its local world is 1), so two on one machine
+    # ran twice as many threads as it has cores, without a word
+    cores = len(os.sched_getaffinity(0))
+    if cores > 1:
+        assert (f"notice: ranks 0, 1 run on this one machine ({socket.gethostname()}): {2 * cores} CPU threads "
+                f"in all on {cores} core(s), which take turns and slow every step; give every rank "
+                f"train.threads={cores // 2} (the cores // the 2 workers here)") in "".join(logs), logs
 
 
 @pytest.mark.parametrize("nodes", [2, 1])

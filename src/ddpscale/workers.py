@@ -14,6 +14,7 @@ import logging
 import os
 import pkgutil
 import signal
+import socket
 import tempfile
 import textwrap
 import traceback
@@ -116,21 +117,22 @@ def _notices(cfg: Config, device: str, launcher: str) -> None:
                  "1-worker run uses none (run.json's grad_allreduce says so)")
 
 
-def _shared_machine_notice(nodes: dict[int, tuple[str, int]], num_gpus: int) -> None:
-    """Nodes started on one machine (the README's loopback try) each give their CPU workers
-    the whole machine's cores: two nodes of one worker on a 2-core VM ran 4 threads, and
-    trained 2.1-4.7x slower than with one thread each (in four pairs of runs), without a word."""
-    here = nodes.get(0, ("", 0))[0]
-    sharing = [n for n, (host, _) in sorted(nodes.items()) if host == here]
-    threads, cores = sum(nodes[n][1] for n in sharing), ddist.usable_cores()
-    workers = len(sharing) * num_gpus
+def _shared_machine_notice(placed: dict[int, tuple[str, int]], workers_each: int, who: str = "node") -> None:
+    """Nodes started on one machine (the README's loopback try; under torchrun, its agents)
+    each give their CPU workers the whole machine's cores: two nodes of one worker on a
+    2-core VM ran 4 threads, and trained 2.1-4.7x slower than with one thread each (in four
+    pairs of runs), without a word. `placed`: each node's (or rank's) host and CPU threads."""
+    here = placed.get(0, ("", 0))[0]
+    sharing = [n for n, (host, _) in sorted(placed.items()) if host == here]
+    threads, cores = sum(placed[n][1] for n in sharing), ddist.usable_cores()
+    workers = len(sharing) * workers_each
     share = max(1, cores // workers)
     # more workers than cores: one thread each, as they have, is all there is to give
     if len(sharing) > 1 and threads > max(cores, workers):
-        log.info("notice: nodes %s run on this one machine (%s): %d CPU threads in all on %d core(s), "
-                 "which take turns and slow every step; give every node train.threads=%d (the cores "
-                 "// the %d workers here)", ", ".join(map(str, sharing)), here, threads, cores,
-                 share, workers)
+        log.info("notice: %ss %s run on this one machine (%s): %d CPU threads in all on %d core(s), "
+                 "which take turns and slow every step; give every %s train.threads=%d (the cores "
+                 "// the %d workers here)", who, ", ".join(map(str, sharing)), here, threads, cores,
+                 who, share, workers)
 
 
 def _quiet(*_args: Any) -> None:
@@ -253,20 +255,21 @@ def _run_worker(placement: Placement, plan: Plan, worker: WorkerFn, hosts_store:
     """Set up this worker's device, threads and process group, then run the body."""
     resume_collector()  # a spawned worker: it ran train.py's start-up again
     _configure_worker_logging(placement, plan)
+    threads = 0  # CPU threads
     if plan.device == "cuda":
         torch.cuda.set_device(placement.local_rank)
         device = torch.device("cuda", placement.local_rank)
     else:
         device = torch.device("cpu")
         task_cpus = slurm_task_cpus() if plan.launcher == SLURM else None
-        ddist.configure_cpu_worker(placement.local_world_size, plan.cfg.train.threads,
-                                   plan.cfg.train.malloc_cache, task_cpus)
+        threads = ddist.configure_cpu_worker(placement.local_world_size, plan.cfg.train.threads,
+                                             plan.cfg.train.malloc_cache, task_cpus)
     ctx = WorkerContext(placement, device, plan.backend, plan.launcher)
     with ddist.process_group(placement, plan.backend, plan.rendezvous, hosts_store=hosts_store,
                              launched=plan.launcher != SPAWN):
         out_dir = _agree_on_output_dir(Path(plan.out_dir), placement)
         if plan.launcher != SPAWN:  # spawned workers share their job's config, checked across nodes
-            _agree_on_settings(plan.cfg, placement)
+            _agree_on_settings(plan.cfg, placement, threads, plan.launcher)
         try:
             if plan.launcher != SPAWN:
                 _prepare_data_once(plan.cfg, placement)
@@ -323,16 +326,20 @@ def _agree_on_output_dir(out_dir: Path, placement: Placement) -> Path:
     return Path(shared[0])
 
 
-def _agree_on_settings(cfg: Config, placement: Placement) -> None:
+def _agree_on_settings(cfg: Config, placement: Placement, threads: int, launcher: str) -> None:
     """Under torchrun/SLURM every rank composed its own config: one given another optim.lr
     trained on silently (replicas apart, results.csv saying rank 0's), and one given other
-    epochs or batches left the rest waiting in a collective for distributed.timeout_s."""
+    epochs or batches left the rest waiting in a collective for distributed.timeout_s.
+    Under torchrun, rank 0 also notes agents started on one machine that oversubscribe it
+    (under SLURM a task bound to its own cores uses them all, which a sum would misread)."""
     gathered: list[Any] = [None] * placement.world_size
-    dist.all_gather_object(gathered, shared_settings(cfg))
-    differ = disagreement({f"rank {r}": settings for r, settings in enumerate(gathered)})
+    dist.all_gather_object(gathered, (shared_settings(cfg), socket.gethostname(), threads))
+    differ = disagreement({f"rank {r}": settings for r, (settings, _, _) in enumerate(gathered)})
     if differ:
         raise ConfigError(f"the ranks were given different settings: {differ}; give every rank "
                           "the same overrides")
+    if placement.is_main and launcher == TORCHRUN:
+        _shared_machine_notice({r: (host, count) for r, (_, host, count) in enumerate(gathered)}, 1, "rank")
 
 
 def _prepare_data_once(cfg: Config, placement: Placement) -> None:
