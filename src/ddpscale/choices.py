@@ -46,7 +46,7 @@ def keys_of_other_options(parsed: list[Any], suspects: list[Any], conf_dir: Path
         lacking = [option for option, keys in options.items() if keys is not None and key not in keys]
         if not lacking:
             continue
-        having = _options_with(loader, combinations[0], group, key)
+        having = options_with_key(group, key)
         problems.append(_message(override, group, key, lacking, [o for o in options if o not in lacking],
                                  having, _chosen_how(parsed, group)))
     return problems
@@ -116,15 +116,10 @@ def _options_and_keys(loader: Any, overrides: list[str]) -> dict[str, tuple[str,
     return chosen
 
 
-def _options_with(loader: Any, overrides: list[str], group: str, key: str) -> list[str]:
-    """The options of `group` whose schema has `key`."""
-    others = [o for o in overrides if o.split("=")[0].lstrip("+~") != group]
-    having = []
-    for option in loader.get_group_options(group, config_name="config", overrides=others):
-        try:
-            keys = _options_and_keys(loader, [*others, f"{group}={option}"])[group][1]
-        except Exception:  # noqa: BLE001  an option Hydra cannot compose here
-            continue
-        if keys is not None and key in keys:
-            having.append(option)
-    return having
+def options_with_key(group: str, key: str) -> list[str]:
+    """The options of `group` whose schema (schema/<group>/<option>, README: Extending) has `key`."""
+    cs = ConfigStore.instance()
+    if group not in cs.list("schema"):
+        return []
+    options = [name.removesuffix(".yaml") for name in cs.list(f"schema/{group}")]
+    return [o for o in options if o != group and key in cs.load(f"schema/{group}/{o}.yaml").node]

@@ -21,7 +21,7 @@ from hydra.plugins.config_source import ConfigLoadError
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from ddpscale.choices import keys_of_other_options
+from ddpscale.choices import keys_of_other_options, options_with_key
 
 
 class ConfigError(ValueError):
@@ -300,7 +300,7 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
     for key in node.keys():
         path = f"{prefix}{key}"
         if known is not None and key not in known:
-            others = _options_with_key(prefix.rstrip("."), key)
+            others = options_with_key(prefix.rstrip("."), key)
             problems.append(_key_of_another_option(path, others, schema, f"+{path}...") if others
                             else _not_a_key(path, known, f"+{path}..."))
             continue
@@ -308,15 +308,6 @@ def unknown_keys(node: DictConfig, prefix: str = "") -> list[str]:
         if isinstance(child, DictConfig):
             problems += unknown_keys(child, f"{path}.")
     return problems
-
-
-def _options_with_key(group: str, key: str) -> list[str]:
-    """The options of `group` whose schema (schema/<group>/<option>) has `key`."""
-    cs = ConfigStore.instance()
-    if group not in cs.list("schema"):
-        return []
-    options = [name.removesuffix(".yaml") for name in cs.list(f"schema/{group}")]
-    return [o for o in options if o != group and key in cs.load(f"schema/{group}/{o}.yaml").node]
 
 
 def _key_of_another_option(path: str, options: list[str], schema: Any, override: str) -> str:
