@@ -398,6 +398,8 @@ def _place_notes(fig: Figure, notes: dict) -> None:
     (3.50x, 3.55x, 3.60x) printed them over each other, and the figures at the largest world
     size stuck out past the axes' right edge, struck through by the frame. Each stays as near
     its point as the others and the frame let it."""
+    if not notes:  # more than three lines print none: nothing to measure, so no draw
+        return
     by_point = {}
     for (ax, x, _), note in notes.items():
         # Kept inside the axes below, they need no room in the layout; counted, they shrank
