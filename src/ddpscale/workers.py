@@ -87,7 +87,7 @@ def _check_registered(cfg: Config) -> None:
 def _notices(cfg: Config, device: str, launcher: str) -> None:
     """Settings that run, but cannot do what they seem to: say so once, and go on."""
     d, cores, threads = cfg.distributed, ddist.usable_cores(), cfg.train.threads
-    share = max(1, cores // d.num_gpus)  # each worker's threads under train.threads=null
+    share = ddist.cpu_threads(d.num_gpus)  # each worker's threads under train.threads=null
     # DataLoader processes take CPU beside their worker's threads: decoding, transforms, collating
     loaders = cfg.data.num_workers if cfg.data.loader == "dataloader" else 0
     busy = (threads or share) + loaders  # what each worker keeps running
@@ -126,7 +126,7 @@ def _shared_machine_notice(placed: dict[int, tuple[str, int]], workers_each: int
     sharing = [n for n, (host, _) in sorted(placed.items()) if host == here]
     threads, cores = sum(placed[n][1] for n in sharing), ddist.usable_cores()
     workers = len(sharing) * workers_each
-    share = max(1, cores // workers)
+    share = ddist.cpu_threads(workers)
     # more workers than cores: one thread each, as they have, is all there is to give
     if len(sharing) > 1 and threads > max(cores, workers):
         log.info("notice: %ss %s run on this one machine (%s): %d CPU threads in all on %d core(s), "
